@@ -1,0 +1,53 @@
+# tracedpush: `make test` and `make demo` are each self-sufficient on a fresh machine:
+# they create .venv on first use and install (once; a stamp file skips reinstalls).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DEMO_ARGS ?=
+PYTEST_ARGS ?=
+# pyproject extras; on a GPU box: make install EXTRAS=gpu,console,model,dev
+EXTRAS ?= cpu,console,model,dev
+# Where the tiny model lives; empty means tracedpush's default
+# ($$TRACEDPUSH_MODEL_DIR, else ~/.cache/tracedpush/models/tiny-qwen2).
+MODEL_DIR ?=
+ifneq ($(MODEL_DIR),)
+export TRACEDPUSH_MODEL_DIR := $(abspath $(MODEL_DIR))
+endif
+
+.PHONY: help install test demo model lint format clean distclean
+
+help:
+	@echo "make test      install (first time) and run the whole test suite"
+	@echo "make demo      install, build the tiny model if absent, run push vs pull demo"
+	@echo "make install   create $(VENV) and install tracedpush with the CPU vLLM stack"
+	@echo "make model     build the tiny local Qwen2 model (no network)"
+	@echo "make lint      ruff check + ruff format --check"
+	@echo "make format    ruff format + ruff check --fix"
+	@echo "make clean     remove caches and run/trace outputs; distclean also removes $(VENV)"
+	@echo "Variables: VENV=$(VENV) EXTRAS=$(EXTRAS) PYTEST_ARGS= DEMO_ARGS= MODEL_DIR="
+
+install:
+	@EXTRAS=$(EXTRAS) bash scripts/install.sh $(VENV)
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+model: install
+	$(VENV)/bin/tracedpush model build
+
+demo: model
+	$(VENV)/bin/tracedpush demo $(DEMO_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache runs traces artifacts
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

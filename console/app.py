@@ -1,0 +1,59 @@
+"""tracedpush console entry point: page navigation and the sidebar's trace source.
+
+streamlit run console/app.py -- --traces DIR        # or: tracedpush console --traces DIR
+streamlit run console/app.py -- --jaeger http://localhost:16686
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+try:
+    import tracedpush  # noqa: F401
+except ImportError:  # `streamlit run console/app.py` from a checkout that is not installed
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import streamlit as st
+
+from tracedpush.console import data, ui
+from tracedpush.console.source import Source
+
+st.set_page_config(page_title="tracedpush console", page_icon=":material/timeline:", layout="wide")
+
+PAGES = [
+    st.Page("pages/overview.py", title="Overview", icon=":material/compare_arrows:", default=True),
+    st.Page("pages/timeline.py", title="Request timeline", icon=":material/view_timeline:"),
+    st.Page("pages/phases.py", title="Phases", icon=":material/stacked_bar_chart:"),
+    st.Page("pages/live.py", title="Live", icon=":material/monitoring:"),
+    st.Page("pages/export.py", title="Export", icon=":material/download:"),
+]
+
+
+def sidebar() -> None:
+    source = ui.current_source()
+    with st.sidebar:
+        st.caption("Traces")
+        st.markdown(f"`{source.label}`")
+        feed = data.feed(source)
+        if st.button("Reload", help="read traces that arrived since the last load"):
+            try:
+                new = feed.refresh()
+                st.toast(f"{new} new spans" if new else "nothing new")
+            except data.SourceError as err:
+                ui.show_error(err)
+        with st.expander("Change source"):
+            typed = st.text_input(
+                "Directory, trace file or Jaeger URL",
+                value="",
+                placeholder="traces/ or http://localhost:16686",
+            )
+            if st.button("Open") and typed.strip():
+                st.session_state[ui.SOURCE_KEY] = Source.parse(typed)
+                st.session_state.pop(ui.REQUEST_KEY, None)
+                st.rerun()
+
+
+page = st.navigation(PAGES)
+sidebar()
+page.run()

@@ -1,0 +1,572 @@
+"""Plotly figures built from analysis objects: pure functions, no Streamlit.
+
+Every number drawn here comes from `tracedpush.analysis` (RequestAnalysis, Comparison,
+RunAnalysis.table()); these functions only choose marks, colours and layout, so they can
+be tested on their own. Traces carry ``meta`` (``{"kind": ..., "mode": ..., ...}``) so tests
+and click handlers can find them without relying on legend text.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from tracedpush import semconv as sc
+from tracedpush.analysis import phases as ph
+from tracedpush.console.selection import mode_order
+
+MODE_COLORS = {"push": "#1f77b4", "pull": "#d62728", "unknown": "#7f7f7f"}
+DIM = 0.3  # opacity of spans and phases that did not delay the first token
+
+# One colour per phase, in pipeline order (tab20-like, distinct neighbours).
+_PALETTE = (
+    "#9e9e9e",  # proxy
+    "#c7c7c7",  # network
+    "#2ca02c",  # prefill
+    "#98df8a",  # decode admission
+    "#17becf",  # registration
+    "#9edae5",  # registration wait
+    "#bcbd22",  # rendezvous wait
+    "#8c564b",  # handshake
+    "#e377c2",  # descriptor prep
+    "#1f77b4",  # WRITE
+    "#d62728",  # READ
+    "#ff9896",  # completion polling lag
+    "#ff7f0e",  # notification
+    "#ffbb78",  # notification counting
+    "#9467bd",  # relay
+    "#c5b0d5",  # decode scheduling
+    "#393b79",  # first decode step
+    "#000000",  # unattributed
+)
+PHASE_COLORS: dict[str, str] = dict(zip(ph.PHASES, _PALETTE, strict=False))
+
+# Spans take the colour of the phase they mostly account for.
+SPAN_PHASE = {
+    sc.SPAN_REQUEST: ph.PROXY,
+    sc.SPAN_PROXY_PREFILL: ph.NETWORK,
+    sc.SPAN_PROXY_DECODE: ph.NETWORK,
+    sc.SPAN_KV_RELAY: ph.RELAY,
+    sc.SPAN_PREFILL: ph.PREFILL,
+    sc.SPAN_DECODE: ph.DECODE_ADMISSION,
+    sc.SPAN_KV_REGISTER: ph.REGISTRATION,
+    sc.SPAN_KV_RENDEZVOUS: ph.RENDEZVOUS_WAIT,
+    sc.SPAN_KV_HANDSHAKE: ph.HANDSHAKE,
+    sc.SPAN_KV_DESC_PREP: ph.DESC_PREP,
+    sc.SPAN_KV_WRITE: ph.WRITE,
+    sc.SPAN_KV_READ: ph.READ,
+    sc.SPAN_KV_NOTIFY: ph.NOTIFY_COUNTING,
+}
+
+CRITICAL_LANE = "critical path"
+HIDDEN_LANE = "overlapped (hidden)"
+_SERVICE_SHORT = {sc.SERVICE_PROXY: "proxy", sc.SERVICE_PREFILL: "P", sc.SERVICE_DECODE: "D"}
+
+
+def phase_color(phase: str) -> str:
+    if phase in PHASE_COLORS:
+        return PHASE_COLORS[phase]
+    if phase in SPAN_PHASE:
+        return PHASE_COLORS[SPAN_PHASE[phase]]
+    return _PALETTE[sum(map(ord, phase)) % len(_PALETTE)]
+
+
+def phase_order(names: Iterable[str]) -> list[str]:
+    """Phases in pipeline order (analysis.phases.PHASES), unknown ones last."""
+    rank = {p: i for i, p in enumerate(ph.PHASES)}
+    return sorted(set(names), key=lambda p: (rank.get(p, len(rank)), p))
+
+
+def lane_label(lane: str) -> str:
+    """'vllm-prefill/prefill-0/scheduler' -> 'P prefill-0 · scheduler'."""
+    parts = lane.split("/")
+    if len(parts) >= 2:
+        service = _SERVICE_SHORT.get(parts[0], parts[0])
+        if parts[0] == sc.SERVICE_PROXY:
+            return "proxy" if len(parts) < 3 else f"proxy · {parts[2]}"
+        rest = " · ".join(parts[1:])
+        return f"{service} {rest}"
+    return lane
+
+
+def _fmt_ms(x: float | None) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:,.1f} ms"
+
+
+def _empty(message: str) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
+    fig.update_layout(xaxis_visible=False, yaxis_visible=False, height=200)
+    return fig
+
+
+# --------------------------------------------------------------------------- timeline
+
+
+def request_title(req: Any) -> str:
+    tokens = f"{req.prompt_tokens} prompt tokens" if req.prompt_tokens is not None else "?"
+    return (
+        f"{req.mode} · {req.request_id or req.trace_id[:12]} · {tokens} · load {req.load}"
+        f" · TTFT {_fmt_ms(req.ttft_ms)}"
+    )
+
+
+def offsets_note(requests: Sequence[Any], offsets: Mapping[str, Any]) -> str:
+    """'clock offsets applied: decode-0 +50.02 ms (±0.31, 212 pairs)' for the instances
+    the requests' spans ran on (the reference clock is left out)."""
+    instances = sorted({s.instance for r in requests for s in r.spans})
+    parts = []
+    for inst in instances:
+        off = offsets.get(inst)
+        if off is None or getattr(off, "reference", False):
+            continue
+        bound = "±?" if math.isinf(off.bound_ms) else f"±{off.bound_ms:.2f}"
+        parts.append(f"{inst} {off.offset_ms:+.2f} ms ({bound}, {off.pairs} pairs)")
+    if not parts:
+        return "clock offsets: none (one clock)"
+    return "clock offsets applied: " + "; ".join(parts)
+
+
+def _lanes(req: Any) -> list[str]:
+    lanes = list(getattr(req, "lanes", None) or [])
+    for s in req.spans:
+        if s.lane not in lanes:
+            lanes.append(s.lane)
+    return lanes
+
+
+def _segment_bar(
+    segments: Sequence[Any], lane: str, req: Any, kind: str, *, opacity: float, name: str
+) -> go.Bar:
+    return go.Bar(
+        orientation="h",
+        name=name,
+        y=[lane] * len(segments),
+        base=[s.start_ms for s in segments],
+        x=[s.duration_ms for s in segments],
+        text=[s.phase for s in segments],
+        textposition="inside",
+        insidetextanchor="middle",
+        marker={
+            "color": [phase_color(s.phase) for s in segments],
+            "opacity": opacity,
+            "line": {"width": 1 if kind == "critical" else 0, "color": "#222"},
+        },
+        customdata=[[s.phase, s.service, s.span, req.trace_id] for s in segments],
+        hovertemplate=(
+            "<b>%{customdata[0]}</b> (%{customdata[1]})<br>start %{base:.2f} ms"
+            "<br>duration %{x:.2f} ms<br>span %{customdata[2]}<extra></extra>"
+        ),
+        meta={"kind": kind, "mode": req.mode, "trace_id": req.trace_id},
+        showlegend=False,
+    )
+
+
+def _span_bar(spans: Sequence[Any], req: Any, *, critical: bool) -> go.Bar:
+    labels = [lane_label(s.lane) for s in spans]
+    return go.Bar(
+        orientation="h",
+        name="spans on the critical path" if critical else "other spans",
+        y=labels,
+        base=[s.start_ms for s in spans],
+        x=[s.duration_ms for s in spans],
+        text=[s.name for s in spans],
+        textposition="inside",
+        insidetextanchor="middle",
+        marker={
+            "color": [phase_color(SPAN_PHASE.get(s.name, s.name)) for s in spans],
+            "opacity": 1.0 if critical else DIM,
+            "line": {
+                "width": [2 if s.status == "error" else (1 if critical else 0) for s in spans],
+                "color": ["#d00" if s.status == "error" else "#222" for s in spans],
+            },
+        },
+        customdata=[
+            [s.name, s.instance, s.status, s.error or "", _attrs_line(s.attributes), s.span_id]
+            for s in spans
+        ],
+        hovertemplate=(
+            "<b>%{customdata[0]}</b> on %{customdata[1]}<br>start %{base:.2f} ms"
+            "<br>duration %{x:.2f} ms<br>status %{customdata[2]} %{customdata[3]}"
+            "<br>%{customdata[4]}<extra></extra>"
+        ),
+        meta={"kind": "spans" if critical else "spans-dimmed", "mode": req.mode,
+              "trace_id": req.trace_id},
+        showlegend=False,
+    )  # fmt: skip
+
+
+_HOVER_ATTRS = (
+    sc.KV_BLOCKS,
+    sc.KV_BYTES,
+    sc.KV_DESCRIPTORS,
+    sc.NIXL_XFER_US,
+    sc.POLL_LAG_US,
+    sc.RENDEZVOUS_FIRST,
+    sc.NOTIFY_EXPECTED,
+    sc.NOTIFY_RECEIVED,
+    sc.ERROR_TYPE,
+)
+
+
+def _attrs_line(attrs: Mapping[str, Any]) -> str:
+    shown = [f"{k.removeprefix('tracedpush.')}={attrs[k]}" for k in _HOVER_ATTRS if k in attrs]
+    return "<br>".join(shown)
+
+
+def timeline(requests: Sequence[Any], offsets: Mapping[str, Any] | None = None) -> go.Figure:
+    """Gantt of one or more requests, one row each, on one shared time axis (ms since the
+    proxy received the request). Per request: the critical path (analysis segments, in
+    full colour), the hidden (overlapped) phases dimmed, then one lane per
+    service/instance/thread with its spans; spans off the critical path are dimmed."""
+    requests = [r for r in requests if r is not None]
+    if not requests:
+        return _empty("no request selected")
+    offsets = offsets or {}
+    fig = make_subplots(
+        rows=len(requests),
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.12 if len(requests) > 1 else 0.05,
+        subplot_titles=[request_title(r) for r in requests],
+        row_heights=[len(_lanes(r)) + 2 for r in requests],
+    )
+    for i, req in enumerate(requests, start=1):
+        lanes = [CRITICAL_LANE, HIDDEN_LANE] + [lane_label(lane) for lane in _lanes(req)]
+        fig.add_trace(
+            _segment_bar(req.critical_path, CRITICAL_LANE, req, "critical", opacity=1.0,
+                         name="critical path"),
+            row=i, col=1,
+        )  # fmt: skip
+        fig.add_trace(
+            _segment_bar(req.hidden, HIDDEN_LANE, req, "hidden", opacity=DIM,
+                         name="overlapped (hidden)"),
+            row=i, col=1,
+        )  # fmt: skip
+        on = [s for s in req.spans if s.on_critical_path]
+        off = [s for s in req.spans if not s.on_critical_path]
+        fig.add_trace(_span_bar(off, req, critical=False), row=i, col=1)
+        fig.add_trace(_span_bar(on, req, critical=True), row=i, col=1)
+        fig.update_yaxes(
+            categoryorder="array",
+            categoryarray=list(reversed(lanes)),
+            row=i,
+            col=1,
+        )
+        if req.ttft_ms is not None:
+            fig.add_vline(
+                x=req.ttft_ms, line_dash="dash", line_color="#444", row=i, col=1,
+                annotation_text=f"first token {req.ttft_ms:.1f} ms",
+                annotation_position="top right",
+            )  # fmt: skip
+    fig.update_xaxes(
+        title_text="ms since the proxy received the request (skew-corrected)<br>"
+        + offsets_note(requests, offsets),
+        row=len(requests),
+    )
+    ttfts = [r.ttft_ms for r in requests if r.ttft_ms is not None]
+    if ttfts:  # the TTFT window is the subject; the response stream can be zoomed out to
+        fig.update_xaxes(range=[-0.02 * max(ttfts), 1.1 * max(ttfts)])
+    fig.update_layout(
+        barmode="overlay",
+        height=160 + sum(26 * (len(_lanes(r)) + 2) for r in requests) + 60 * len(requests),
+        margin={"l": 10, "r": 10, "t": 60, "b": 70},
+        meta={"kind": "timeline", "trace_ids": [r.trace_id for r in requests]},
+    )
+    return fig
+
+
+# --------------------------------------------------------------------------- overview
+
+STATS = ("p50", "p90", "p99", "mean")
+METRIC_TITLES = {"ttft": "TTFT (ms)", "tpot": "TPOT (ms)"}
+ALL = "all"
+
+
+def modes_of(cmp: Any) -> list[str]:
+    present: set[str] = set()
+    for g in cmp.groups:
+        present |= {m for m, n in g.n.items() if n}
+    first = [m for m in (cmp.a, cmp.b) if m in present]
+    return first + sorted(present - set(first))
+
+
+def stat_of(group: Any, metric: str, mode: str, stat: str) -> float | None:
+    if group is None:
+        return None
+    values = getattr(group, metric).get(mode) or {}
+    return values.get(stat)
+
+
+def _line(x: list[str], y: list[float | None], mode: str, **kw: Any) -> go.Scatter:
+    return go.Scatter(
+        x=x,
+        y=y,
+        name=mode,
+        mode="lines+markers",
+        connectgaps=False,
+        line={"color": MODE_COLORS.get(mode, "#7f7f7f")},
+        legendgroup=mode,
+        **kw,
+    )
+
+
+def latency_by_load(cmp: Any, stat: str = "p50") -> go.Figure:
+    """The seed article's charts from our runs: TTFT (top) and TPOT (bottom) against load,
+    push vs pull, one column per prompt-length bucket ("all" first). Values are
+    Comparison cells (bucket, load); load is requests in flight at the proxy."""
+    buckets = [ALL, *cmp.buckets]
+    loads = list(cmp.loads)
+    if not loads:
+        return _empty("no requests with a TTFT")
+    fig = make_subplots(
+        rows=2,
+        cols=len(buckets),
+        shared_yaxes="rows",
+        shared_xaxes=True,
+        column_titles=["all prompts" if b == ALL else f"prompt {b}" for b in buckets],
+        row_titles=[METRIC_TITLES["ttft"], METRIC_TITLES["tpot"]],
+        horizontal_spacing=0.02,
+        vertical_spacing=0.08,
+    )
+    for row, metric in enumerate(("ttft", "tpot"), start=1):
+        for col, bucket in enumerate(buckets, start=1):
+            for mode in modes_of(cmp):
+                y = [stat_of(cmp.group(bucket, ld), metric, mode, stat) for ld in loads]
+                n = [(cmp.group(bucket, ld).n.get(mode, 0) if cmp.group(bucket, ld) else 0)
+                     for ld in loads]  # fmt: skip
+                fig.add_trace(
+                    _line(loads, y, mode, showlegend=row == 1 and col == 1,
+                          customdata=n,
+                          hovertemplate=f"{mode} load %{{x}}: %{{y:.1f}} ms {stat}"
+                          " (%{customdata} requests)<extra></extra>",
+                          meta={"kind": "latency_by_load", "metric": metric, "mode": mode,
+                                "bucket": bucket, "stat": stat}),
+                    row=row, col=col,
+                )  # fmt: skip
+    fig.update_xaxes(type="category", categoryorder="array", categoryarray=loads)
+    fig.update_xaxes(title_text="requests in flight", row=2)
+    fig.update_layout(
+        height=520,
+        margin={"l": 10, "r": 10, "t": 50, "b": 10},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.06, "xanchor": "right", "x": 1},
+    )
+    return fig
+
+
+def latency_by_prompt(cmp: Any, stat: str = "p50") -> go.Figure:
+    """TTFT and TPOT against prompt length (all loads), push vs pull."""
+    buckets = list(cmp.buckets)
+    if not buckets:
+        return _empty("no requests with a TTFT")
+    fig = make_subplots(
+        rows=1, cols=2, subplot_titles=[METRIC_TITLES["ttft"], METRIC_TITLES["tpot"]]
+    )
+    for col, metric in enumerate(("ttft", "tpot"), start=1):
+        for mode in modes_of(cmp):
+            y = [stat_of(cmp.group(b, ALL), metric, mode, stat) for b in buckets]
+            fig.add_trace(
+                _line(buckets, y, mode, showlegend=col == 1,
+                      hovertemplate=f"{mode} prompt %{{x}}: %{{y:.1f}} ms {stat}<extra></extra>",
+                      meta={"kind": "latency_by_prompt", "metric": metric, "mode": mode,
+                            "stat": stat}),
+                row=1, col=col,
+            )  # fmt: skip
+    fig.update_xaxes(type="category", title_text="prompt tokens")
+    fig.update_layout(
+        height=340,
+        margin={"l": 10, "r": 10, "t": 30, "b": 10},
+    )
+    return fig
+
+
+def critical_path_stack(cmp: Any) -> go.Figure:
+    """Mean critical-path milliseconds per phase, stacked, for each mode and prompt
+    bucket. Means add up: each bar's height is that group's mean TTFT."""
+    cells = [(b, m) for b in [ALL, *cmp.buckets] for m in modes_of(cmp)
+             if (g := cmp.group(b, ALL)) is not None and g.n.get(m)]  # fmt: skip
+    if not cells:
+        return _empty("no requests with a critical path")
+    phase_names = phase_order(p for b, m in cells for p in (cmp.group(b, ALL).phases.get(m) or {}))
+    x = [["all prompts" if b == ALL else b for b, _ in cells], [m for _, m in cells]]
+    fig = go.Figure()
+    for phase in phase_names:
+        y = [
+            ((cmp.group(b, ALL).phases.get(m) or {}).get(phase) or {}).get("mean") or 0.0
+            for b, m in cells
+        ]
+        if not any(y):
+            continue
+        fig.add_trace(
+            go.Bar(
+                x=x,
+                y=y,
+                name=phase,
+                marker_color=phase_color(phase),
+                hovertemplate=f"{phase}: %{{y:.2f}} ms (mean)<extra>%{{x}}</extra>",
+                meta={"kind": "critical_stack", "phase": phase},
+            )
+        )
+    fig.update_layout(
+        barmode="stack",
+        height=420,
+        margin={"l": 10, "r": 10, "t": 50, "b": 10},
+        yaxis_title="mean ms on the critical path",
+        legend={"traceorder": "normal"},
+        xaxis={"tickangle": 0},
+    )
+    return fig
+
+
+def ttft_delta(cmp: Any, bucket: str = ALL, load: str = ALL) -> go.Figure:
+    """Per-phase mean difference (b - a, pull - push by default): the bars sum to the
+    mean TTFT difference."""
+    g = cmp.group(bucket, load)
+    if g is None or not g.delta:
+        return _empty(f"needs both {cmp.a} and {cmp.b} requests")
+    deltas = [d for d in g.delta if abs(d.delta_ms) > 1e-9]
+    deltas.sort(key=lambda d: d.delta_ms)
+    fig = go.Figure(
+        go.Bar(
+            orientation="h",
+            y=[d.phase for d in deltas],
+            x=[d.delta_ms for d in deltas],
+            marker_color=[phase_color(d.phase) for d in deltas],
+            customdata=[[d.a_ms, d.b_ms] for d in deltas],
+            hovertemplate=(
+                f"%{{y}}: %{{x:+.2f}} ms<br>{cmp.a} %{{customdata[0]:.2f}} ms, "
+                f"{cmp.b} %{{customdata[1]:.2f}} ms<extra></extra>"
+            ),
+            meta={"kind": "ttft_delta", "bucket": bucket, "load": load},
+        )
+    )
+    fig.update_layout(
+        height=120 + 24 * len(deltas),
+        margin={"l": 10, "r": 10, "t": 10, "b": 10},
+        xaxis_title=f"mean ms, {cmp.b} − {cmp.a} (bars sum to the mean TTFT difference)",
+    )
+    return fig
+
+
+def requests_scatter(table: Any, x: str = "prompt_tokens", y: str = "ttft_ms") -> go.Figure:
+    """One point per request (click one to open its timeline). ``table`` is
+    RunAnalysis.table() as a DataFrame; points carry their trace id in customdata."""
+    fig = go.Figure()
+    if table is None or len(table) == 0 or y not in table:
+        return _empty("no requests")
+    for mode in mode_order(table["mode"].unique()):
+        rows = table[(table["mode"] == mode) & table[y].notna()]
+        fig.add_trace(
+            go.Scattergl(
+                x=rows[x].to_numpy(),
+                y=rows[y].to_numpy(),
+                mode="markers",
+                name=str(mode),
+                marker={"color": MODE_COLORS.get(str(mode), "#7f7f7f"), "size": 5,
+                        "opacity": 0.6},
+                customdata=rows[["request_id", "load", "trace_id"]].to_numpy(),
+                hovertemplate=(
+                    "%{customdata[0]}<br>" + x + " %{x}<br>" + y + " %{y:.1f}"
+                    "<br>load %{customdata[1]}<extra>" + str(mode) + "</extra>"
+                ),
+                meta={"kind": "requests", "mode": str(mode)},
+            )
+        )  # fmt: skip
+    fig.update_layout(
+        height=380,
+        margin={"l": 10, "r": 10, "t": 50, "b": 10},
+        xaxis_title=x.replace("_", " "),
+        yaxis_title=y.replace("_", " "),
+        clickmode="event+select",
+        dragmode="zoom",
+    )
+    return fig
+
+
+# --------------------------------------------------------------------------- phases
+
+
+def phase_boxes(frame: Any, value: str = "ms", columns: int = 4) -> go.Figure:
+    """Distribution of each phase's duration per mode: one small box plot per phase (own
+    y scale, since prefill dwarfs the rest), outliers as points carrying their trace id.
+    ``frame`` columns: phase, mode, ms, trace_id, request_id."""
+    if frame is None or len(frame) == 0:
+        return _empty("no phases")
+    order = phase_order(frame["phase"].unique())
+    modes = mode_order(frame["mode"].unique())
+    rows = -(-len(order) // columns)
+    fig = make_subplots(
+        rows=rows,
+        cols=columns,
+        subplot_titles=order,
+        horizontal_spacing=0.05,
+        vertical_spacing=0.3 / rows,
+    )
+    groups = {key: part for key, part in frame.groupby(["phase", "mode"], sort=False)}
+    for i, phase in enumerate(order):
+        for mode in modes:
+            part = groups.get((phase, mode))
+            if part is None:
+                continue
+            fig.add_trace(
+                go.Box(
+                    x=[mode] * len(part),
+                    y=part[value].to_numpy(),
+                    name=mode,
+                    legendgroup=mode,
+                    showlegend=i == 0,
+                    marker={"color": MODE_COLORS.get(mode, "#7f7f7f"), "size": 4},
+                    boxpoints="outliers",
+                    customdata=part[["request_id", "trace_id"]].to_numpy(),
+                    hovertemplate="%{customdata[0]}: %{y:.2f} ms<extra>" + phase + "</extra>",
+                    meta={"kind": "phase_box", "mode": mode, "phase": phase},
+                ),
+                row=i // columns + 1,
+                col=i % columns + 1,
+            )
+    fig.update_xaxes(showticklabels=False)
+    fig.update_yaxes(rangemode="tozero", tickfont={"size": 10})
+    fig.update_annotations(font_size=12)
+    fig.update_layout(
+        height=max(260, 210 * rows),
+        margin={"l": 10, "r": 10, "t": 70, "b": 10},
+        legend={"orientation": "h", "yref": "container", "y": 1, "yanchor": "top", "x": 0},
+        clickmode="event+select",
+    )
+    return fig
+
+
+def window_ttft(table: Any) -> go.Figure:
+    """TTFT of each request in a time window against its arrival time (Live page)."""
+    fig = go.Figure()
+    if table is None or len(table) == 0:
+        return _empty("no requests in this window")
+    for mode in mode_order(table["mode"].unique()):
+        rows = table[(table["mode"] == mode) & table["ttft_ms"].notna()]
+        fig.add_trace(
+            go.Scattergl(
+                x=pd_to_datetime(rows["start_unix_ms"]),
+                y=rows["ttft_ms"].to_numpy(),
+                mode="markers",
+                name=str(mode),
+                marker={"color": MODE_COLORS.get(str(mode), "#7f7f7f"), "size": 6},
+                customdata=rows[["request_id", "trace_id"]].to_numpy(),
+                hovertemplate="%{customdata[0]}: TTFT %{y:.1f} ms<extra>%{x}</extra>",
+                meta={"kind": "window_ttft", "mode": str(mode)},
+            )
+        )
+    fig.update_layout(
+        height=320,
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+        yaxis_title="TTFT (ms)",
+    )
+    return fig
+
+
+def pd_to_datetime(ms: Any) -> Any:
+    return pd.to_datetime(ms, unit="ms", utc=True).to_numpy()

@@ -1,0 +1,250 @@
+"""Loading and caching: one TraceStore and its latest analysis per source, for all sessions.
+
+Why a shared, mutable ``Feed`` behind ``st.cache_resource`` rather than ``st.cache_data``:
+a RunAnalysis of 10,000 requests is large, and ``cache_data`` would pickle it on every
+rerun. The feed keeps the store open, so a refresh reads only what was appended since
+(``TraceStore.refresh``) and re-analyses only when new spans arrived. Pages get an
+immutable ``Snapshot`` and never mutate it. Nothing here computes analysis results: it
+calls ``tracedpush.analysis`` and reshapes its output for drawing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from tracedpush import analysis
+from tracedpush.console.selection import mode_order
+from tracedpush.console.source import Source
+
+log = logging.getLogger(__name__)
+PHASE_PREFIX = "critical_ms."  # RunAnalysis.table(): critical-path ms of one phase
+
+
+class SourceError(Exception):
+    """A source that cannot be read now; the message is shown to the user as is."""
+
+    def __init__(self, message: str, *, level: str = "warning") -> None:
+        super().__init__(message)
+        self.level = level  # "info" (nothing wrong yet) | "warning"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The analysis of everything a source held at one refresh."""
+
+    source: Source
+    generation: int
+    run: Any  # tracedpush.analysis.RunAnalysis
+    stats: Any  # TraceStore.stats at that time
+    loaded_at: float = field(default_factory=time.time)
+
+    @cached_property
+    def table(self) -> pd.DataFrame:
+        """RunAnalysis.table() as a frame (one row per request), in arrival order."""
+        frame = pd.DataFrame(self.run.table())
+        if not frame.empty and "start_unix_ms" in frame:
+            frame = frame.sort_values("start_unix_ms", kind="stable", ignore_index=True)
+        return frame
+
+    @cached_property
+    def phase_frame(self) -> pd.DataFrame:
+        """Critical-path ms per (request, phase): RunAnalysis.table()'s ``critical_ms.*``
+        columns, long form. A phase a request skipped counts 0 ms when other requests of
+        its mode have it, as in ``analysis.compare``."""
+        cols = [c for c in self.table.columns if c.startswith(PHASE_PREFIX)]
+        parts = []
+        for _mode, rows in self.table.groupby("mode", sort=True):
+            present = [c for c in cols if rows[c].notna().any()]
+            if not present:
+                continue
+            long = rows[["trace_id", "request_id", "mode", *present]].melt(
+                id_vars=["trace_id", "request_id", "mode"], var_name="phase", value_name="ms"
+            )
+            parts.append(long)
+        if not parts:
+            return pd.DataFrame(columns=["trace_id", "request_id", "mode", "phase", "ms"])
+        frame = pd.concat(parts, ignore_index=True)
+        frame["phase"] = frame["phase"].str.removeprefix(PHASE_PREFIX)
+        frame["ms"] = frame["ms"].fillna(0.0)
+        return frame
+
+    @cached_property
+    def span_frame(self) -> pd.DataFrame:
+        """Every span's duration (ms) with its request and mode, long form."""
+        rows = [
+            (r.trace_id, r.request_id, r.mode, s.name, s.duration_ms)
+            for r in self.run.requests
+            for s in r.spans
+        ]
+        return pd.DataFrame(rows, columns=["trace_id", "request_id", "mode", "phase", "ms"])
+
+    @cached_property
+    def comparison(self) -> Any:
+        return analysis.compare(self.run)
+
+    def window(self, since_unix_ms: float) -> Any:
+        """The requests that arrived at or after ``since_unix_ms`` as a RunAnalysis (same
+        clock offsets and buckets), so ``analysis.compare`` can summarise just them."""
+        requests = [r for r in self.run.requests if r.start_unix_ms >= since_unix_ms]
+        return analysis.RunAnalysis(
+            requests=requests,
+            clock_offsets=self.run.clock_offsets,
+            stats=self.run.stats,
+            skew_corrected=self.run.skew_corrected,
+            buckets=self.run.buckets,
+            load_buckets=self.run.load_buckets,
+            source=self.run.source,
+        )
+
+    @property
+    def newest_unix_ms(self) -> float | None:
+        return self.run.requests[-1].start_unix_ms if self.run.requests else None
+
+    @property
+    def modes(self) -> list[str]:
+        return mode_order(r.mode for r in self.run.requests if r.mode)
+
+
+def phase_percentiles(group: Any, modes: list[str] | None = None) -> pd.DataFrame:
+    """A Comparison group's per-phase statistics as a phase x "<mode> <stat>" table."""
+    if group is None:
+        return pd.DataFrame()
+    rows = [
+        {"phase": phase, "mode": mode, **{k: v for k, v in stats.items() if k != "n"}}
+        for mode, per in group.phases.items()
+        if modes is None or mode in modes
+        for phase, stats in per.items()
+    ]
+    if not rows:
+        return pd.DataFrame()
+    table = pd.DataFrame(rows).pivot(index="phase", columns="mode")
+    rank = {p: i for i, p in enumerate(analysis.phases.PHASES)}
+    table = table.reindex(sorted(table.index, key=lambda p: (rank.get(p, len(rank)), p)))
+    table.columns = [f"{mode} {stat}" for stat, mode in table.columns]
+    return table[sorted(table.columns)]
+
+
+def _open_store(source: Source) -> Any:
+    if source.kind == "none":
+        raise SourceError(
+            "No trace source. Start the console with `tracedpush console --traces DIR` "
+            "or `--jaeger URL`, or enter one in the sidebar.",
+            level="info",
+        )
+    if source.kind == "traces":
+        path = Path(source.location)
+        if not path.exists():
+            raise SourceError(
+                f"{path} does not exist (yet). Run `tracedpush demo` or point the console "
+                "at a directory of tracedpush traces.",
+                level="info",
+            )
+        return analysis.TraceStore.from_path(path)
+    kwargs: dict[str, Any] = {"lookback": source.lookback}
+    if source.service:
+        kwargs["service"] = source.service
+    return analysis.TraceStore.from_jaeger(source.location, **kwargs)
+
+
+def _describe(source: Source, exc: Exception) -> SourceError:
+    if source.kind == "jaeger":
+        return SourceError(
+            f"Cannot read traces from Jaeger at {source.location}: {exc}. "
+            "Is Jaeger running and its query port (16686) reachable?"
+        )
+    return SourceError(f"Cannot read traces from {source.location}: {exc}")
+
+
+class Feed:
+    """A source's open TraceStore plus its latest Snapshot; shared by every session.
+
+    Readers never wait for a refresh: ``snapshot()`` returns the last complete analysis
+    while a refresh (store read + re-analysis) runs under ``_work``, which serialises
+    everything that touches the store.
+    """
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self._work = threading.Lock()
+        self._store: Any = None
+        self._snapshot: Snapshot | None = None
+        self._generation = 0
+        self._thread: threading.Thread | None = None
+        self.analysis_seconds = 0.0  # how long the last analysis took
+        self.last_refresh = 0.0  # time.time() of the last successful refresh
+        self.last_new = 0  # spans the last refresh brought
+        self.last_error: SourceError | None = None
+
+    def _analyse(self) -> Snapshot:
+        started = time.perf_counter()
+        run = analysis.analyze(self._store)
+        self.analysis_seconds = time.perf_counter() - started
+        self._generation += 1
+        return Snapshot(self.source, self._generation, run, getattr(self._store, "stats", None))
+
+    def snapshot(self) -> Snapshot:
+        """The current snapshot, loading the source on first use."""
+        snap = self._snapshot
+        if snap is not None:
+            return snap
+        with self._work:
+            if self._snapshot is None:
+                try:
+                    self._store = _open_store(self.source)
+                    self._snapshot = self._analyse()
+                except SourceError:
+                    raise
+                except Exception as exc:  # a bad source must not become a traceback
+                    log.exception("loading %s failed", self.source.label)
+                    raise _describe(self.source, exc) from exc
+                self.last_refresh = time.time()
+            return self._snapshot
+
+    def refresh(self) -> int:
+        """Read what arrived since the last refresh; re-analyse if anything did.
+        Returns the number of new spans (0 also when the source failed: see last_error)."""
+        self.snapshot()
+        with self._work:
+            try:
+                new = int(self._store.refresh() or 0)
+                if new:
+                    self._snapshot = self._analyse()
+            except Exception as exc:
+                log.warning("refreshing %s failed: %s", self.source.label, exc)
+                self.last_error = _describe(self.source, exc)
+                return 0
+            self.last_error = None
+            self.last_new = new
+            self.last_refresh = time.time()
+            return new
+
+    @property
+    def refreshing(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def tick(self, *, inline_below_s: float = 0.5) -> None:
+        """Refresh for the Live page: inline when analysis is quick, else in a background
+        thread (one at a time) so a 10,000-request re-analysis never blocks a page."""
+        self.snapshot()
+        if self.refreshing:
+            return
+        if self.analysis_seconds < inline_below_s:
+            self.refresh()
+            return
+        self._thread = threading.Thread(target=self.refresh, name="console-refresh", daemon=True)
+        self._thread.start()
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def feed(source: Source) -> Feed:
+    """The shared feed for ``source``: one per source for the whole server."""
+    return Feed(source)

@@ -1,0 +1,126 @@
+"""Request timeline: one request's spans on lanes, its critical path, and a comparable
+request of the other mode on the same time axis."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from tracedpush.console import charts, selection, ui
+
+snap = ui.snapshot()
+run = snap.run
+st.title("Request timeline")
+ui.load_notes(snap)
+
+
+def _pick_row(key: str, ids: list[str]) -> None:
+    rows = st.session_state[key].selection.rows
+    if rows:
+        ui.select(ids[rows[0]])
+
+
+def _pick_typed(key: str) -> None:
+    typed = (st.session_state.get(key) or "").strip()
+    if typed and run.get(typed) is not None:
+        ui.select(run.get(typed).trace_id)
+
+
+with st.expander("Pick a request", expanded=ui.selected_request(snap) is None):
+    by_id, slowest = st.tabs(["By id", "Slowest"])
+    with by_id:
+        typed = st.text_input(
+            "Trace id or request id",
+            key="typed_request",
+            on_change=_pick_typed,
+            args=("typed_request",),
+        )
+        if typed.strip() and run.get(typed.strip()) is None:
+            st.warning(f"No request {typed.strip()!r} in {snap.source.label}.")
+    with slowest:
+        left, right = st.columns(2)
+        mode = left.selectbox("Mode", ["any", *snap.modes], key="slowest_mode")
+        n = right.slider("How many", 5, 100, 20, key="slowest_n")
+        worst = run.slowest(n, None if mode == "any" else mode)
+        ids = [r.trace_id for r in worst]
+        st.dataframe(
+            pd.DataFrame(
+                {
+                    "request": [r.request_id for r in worst],
+                    "mode": [r.mode for r in worst],
+                    "TTFT ms": [r.ttft_ms for r in worst],
+                    "prompt tokens": [r.prompt_tokens for r in worst],
+                    "load": [r.load for r in worst],
+                }
+            ),
+            hide_index=True,
+            on_select=lambda: _pick_row("slowest_table", ids),
+            selection_mode="single-row",
+            key="slowest_table",
+        )
+
+req = ui.selected_request(snap)
+if req is None:
+    req = selection.typical(run.requests, snap.modes[0] if snap.modes else None) or run.requests[0]
+    st.caption(
+        f"Showing a typical (median TTFT) {req.mode} request; pick another above or click "
+        "one in Overview or Phases."
+    )
+
+others = [m for m in snap.modes if m != req.mode]
+other = None
+if others:
+    other = selection.counterpart(req, run.requests, others[0])
+    override = st.text_input(
+        f"Compare with ({others[0]} request id; default: nearest prompt length and load)",
+        key="compare_with",
+    ).strip()
+    if override:
+        chosen = run.get(override)
+        if chosen is None:
+            st.warning(f"No request {override!r}; showing the nearest instead.")
+        else:
+            other = chosen
+shown = selection.in_mode_order([req, other])
+
+st.plotly_chart(charts.timeline(shown, run.clock_offsets), key="timeline")
+offsets = [
+    {
+        "instance": o.instance,
+        "host": o.host,
+        "offset ms (subtracted)": o.offset_ms,
+        "± bound ms": o.bound_ms,
+        "causal pairs": o.pairs,
+        "reference clock": o.reference,
+    }
+    for inst, o in sorted(run.clock_offsets.items())
+    if inst in {s.instance for r in shown for s in r.spans}
+]
+if offsets:
+    st.caption(
+        "Clock offsets estimated across the run and applied to every span above"
+        + ("" if run.skew_corrected else " (estimated only: correction is off)")
+    )
+    st.dataframe(pd.DataFrame(offsets), hide_index=True)
+
+for r, col in zip(shown, st.columns(len(shown)), strict=True):
+    with col:
+        st.subheader(f"{r.mode} · {r.request_id}")
+        if r.problems or not r.complete:
+            st.warning("Incomplete trace: " + "; ".join(r.problems or ["spans missing"]))
+        st.dataframe(
+            pd.DataFrame(
+                [(s.phase, s.service, s.start_ms, s.duration_ms) for s in r.critical_path],
+                columns=["critical path phase", "service", "start ms", "ms"],
+            ),
+            hide_index=True,
+        )
+        if r.hidden:
+            st.dataframe(
+                pd.DataFrame(
+                    [(s.phase, s.service, s.start_ms, s.duration_ms) for s in r.hidden],
+                    columns=["overlapped (hidden) phase", "service", "start ms", "ms"],
+                ),
+                hide_index=True,
+            )
+        st.caption(f"trace id `{r.trace_id}`")

@@ -1,0 +1,77 @@
+"""Where the console reads traces from: a directory/file, or a Jaeger query endpoint.
+
+The app gets its source from the arguments after ``--`` (``streamlit run console/app.py
+-- --traces DIR``), else from ``TRACEDPUSH_TRACES`` / ``TRACEDPUSH_JAEGER`` (how tests and
+scripts configure it without a command line); the sidebar can switch it at run time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV_TRACES = "TRACEDPUSH_TRACES"
+ENV_JAEGER = "TRACEDPUSH_JAEGER"
+ENV_JAEGER_SERVICE = "TRACEDPUSH_JAEGER_SERVICE"
+ENV_LOOKBACK = "TRACEDPUSH_JAEGER_LOOKBACK"
+DEFAULT_LOOKBACK = "1h"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A hashable description of a trace source; the cache key for everything loaded."""
+
+    kind: str  # "traces" | "jaeger" | "none"
+    location: str = ""
+    service: str | None = None
+    lookback: str = DEFAULT_LOOKBACK
+
+    @property
+    def label(self) -> str:
+        if self.kind == "traces":
+            return self.location
+        if self.kind == "jaeger":
+            return f"Jaeger {self.location} (last {self.lookback})"
+        return "no source"
+
+    @classmethod
+    def parse(cls, text: str, lookback: str = DEFAULT_LOOKBACK) -> Source:
+        """A source typed by a user: a URL means Jaeger, anything else a path."""
+        text = text.strip()
+        if not text:
+            return cls("none")
+        if text.startswith(("http://", "https://")):
+            return cls("jaeger", text.rstrip("/"), lookback=lookback)
+        return cls("traces", str(Path(text).expanduser().resolve()))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    p.add_argument("--traces")
+    p.add_argument("--jaeger")
+    p.add_argument("--service")
+    p.add_argument("--lookback")
+    return p
+
+
+def from_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Source:
+    """The configured source: command-line flags first, then environment variables."""
+    env = os.environ if env is None else env
+    try:
+        ns, _ = _parser().parse_known_args(list(argv))
+    except argparse.ArgumentError:
+        ns = argparse.Namespace(traces=None, jaeger=None, service=None, lookback=None)
+    lookback = ns.lookback or env.get(ENV_LOOKBACK) or DEFAULT_LOOKBACK
+    service = ns.service or env.get(ENV_JAEGER_SERVICE) or None
+    if ns.traces:
+        return Source("traces", str(Path(ns.traces).expanduser().resolve()))
+    if ns.jaeger:
+        return Source("jaeger", ns.jaeger.rstrip("/"), service, lookback)
+    if env.get(ENV_TRACES):
+        return Source("traces", str(Path(env[ENV_TRACES]).expanduser().resolve()))
+    if env.get(ENV_JAEGER):
+        return Source("jaeger", env[ENV_JAEGER].rstrip("/"), service, lookback)
+    return Source("none")

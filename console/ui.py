@@ -1,0 +1,141 @@
+"""Streamlit pieces every page shares: the current source, its snapshot (or a calm
+message), and the selected request that links pages together.
+
+A request is selected by trace id in ``st.session_state["request"]`` and mirrored in the
+``?request=`` query parameter, so a timeline can be bookmarked or shared.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import streamlit as st
+
+from tracedpush.console import data
+from tracedpush.console.source import Source, from_args
+
+REQUEST_KEY = "request"  # session state and query parameter: selected trace id
+SOURCE_KEY = "source"  # session state: a Source chosen in the sidebar
+TIMELINE_PAGE = "pages/timeline.py"
+
+
+def current_source() -> Source:
+    chosen = st.session_state.get(SOURCE_KEY)
+    if isinstance(chosen, Source):
+        return chosen
+    return from_args(sys.argv[1:])
+
+
+def show_error(err: data.SourceError) -> None:
+    (st.info if err.level == "info" else st.warning)(str(err))
+
+
+def snapshot() -> data.Snapshot:
+    """The current source's analysis; stops the page with a message if there is none."""
+    try:
+        snap = data.feed(current_source()).snapshot()
+    except data.SourceError as err:
+        show_error(err)
+        st.stop()
+    if not snap.run.requests:
+        no_requests(snap)
+        st.stop()
+    return snap
+
+
+def no_requests(snap: data.Snapshot) -> None:
+    stats = snap.stats
+    where = snap.source.label
+    if stats is not None and (stats.malformed or stats.fetch_errors) and not stats.spans:
+        last = stats.errors[-1] if stats.errors else "?"
+        st.warning(
+            f"No readable traces in {where}: {stats.malformed} malformed lines/documents, "
+            f"{stats.fetch_errors} failed fetches. Last problem: {last}"
+        )
+    elif stats is not None and stats.spans:
+        st.info(
+            f"{stats.spans} spans in {where}, but none forms a request yet (a request needs "
+            "its tracedpush spans). If a run is in progress, the Live page picks requests "
+            "up as they complete."
+        )
+    else:
+        st.info(
+            f"No traces in {where} yet. Run `tracedpush demo`, or send requests through "
+            "`tracedpush proxy` with tracing on; the Live page shows them as they arrive."
+        )
+
+
+def load_notes(snap: data.Snapshot) -> None:
+    """Half-written or malformed input: say so once, quietly, without stopping."""
+    stats = snap.stats
+    if stats is None:
+        return
+    if stats.malformed:
+        last = stats.errors[-1] if stats.errors else ""
+        st.warning(f"Skipped {stats.malformed} malformed trace lines/documents. {last}")
+    if stats.partial:
+        st.caption(
+            f"{stats.partial} trace file(s) end in a half-written line; it is read once "
+            "the writer finishes it (Reload or the Live page)."
+        )
+
+
+# ------------------------------------------------------------------ selection
+
+
+def selected_request(snap: data.Snapshot) -> Any | None:
+    """The selected request: query parameter first (links), then session state."""
+    key = st.query_params.get(REQUEST_KEY) or st.session_state.get(REQUEST_KEY)
+    return snap.run.get(key) if key else None
+
+
+def select(trace_id: str) -> None:
+    st.session_state[REQUEST_KEY] = trace_id
+    st.query_params[REQUEST_KEY] = trace_id
+
+
+def open_timeline(trace_id: str) -> None:
+    """Select a request and go to its timeline."""
+    st.session_state[REQUEST_KEY] = trace_id
+    st.switch_page(TIMELINE_PAGE, query_params={REQUEST_KEY: trace_id})
+
+
+def picked_trace_id(event: Any) -> str | None:
+    """The trace id of the first clicked point in a plotly selection event, if any.
+
+    Figures put the trace id last in each point's ``customdata`` (see charts.py).
+    """
+    selection = _get(event, "selection")
+    points = _get(selection, "points") or []
+    for point in points:
+        custom = _get(point, "customdata")
+        if isinstance(custom, list | tuple) and custom:
+            return str(custom[-1])
+        if isinstance(custom, str):
+            return custom
+    return None
+
+
+def _get(obj: Any, name: str) -> Any:
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def follow_click(key: str) -> None:
+    """on_select callback for a chart whose points carry trace ids: open the timeline."""
+    trace_id = picked_trace_id(st.session_state.get(key))
+    if trace_id:
+        st.session_state[REQUEST_KEY] = trace_id
+        st.session_state["_goto_timeline"] = trace_id
+
+
+def goto_timeline_if_clicked() -> None:
+    """Switch pages after a click (st.switch_page cannot run inside a callback)."""
+    trace_id = st.session_state.pop("_goto_timeline", None)
+    if trace_id:
+        open_timeline(trace_id)

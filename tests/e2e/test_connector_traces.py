@@ -1,0 +1,168 @@
+"""Traced connectors on the real 1P1D: one complete, causally ordered trace per request.
+
+Runs on the shared deployment (tests/e2e/conftest.py): real vLLM engines, real NIXL
+(UCX) transfers, our proxy. The trace files are read here with plain `json`, not with
+tracedpush's analysis code, so this is also the "independent reader" check of the
+OTLP JSON lines format.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from tracedpush import semconv
+from tracedpush.bench.workload import PromptMaker, run_workload
+
+pytestmark = pytest.mark.e2e
+
+BOTH = [pytest.param(m, marks=pytest.mark.pd(m)) for m in ("push", "pull")]
+ENGINE_SERVICES = {semconv.SERVICE_PREFILL, semconv.SERVICE_DECODE}
+
+
+def _value(v: dict):
+    ((kind, x),) = v.items()
+    return int(x) if kind == "intValue" else x
+
+
+def read_spans(traces_dir: Path) -> list[dict]:
+    """Every span in the directory, flattened, with its resource's service name."""
+    spans = []
+    for path in traces_dir.rglob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            for rs in json.loads(line)["resourceSpans"]:
+                res = {a["key"]: _value(a["value"]) for a in rs["resource"]["attributes"]}
+                for ss in rs["scopeSpans"]:
+                    for s in ss["spans"]:
+                        spans.append(
+                            {
+                                "service": res["service.name"],
+                                "host": res.get("host.name"),
+                                "trace": s["traceId"],
+                                "id": s["spanId"],
+                                "parent": s.get("parentSpanId", ""),
+                                "name": s["name"],
+                                "kind": s["kind"],
+                                "start": int(s["startTimeUnixNano"]),
+                                "end": int(s["endTimeUnixNano"]),
+                                "attrs": {a["key"]: _value(a["value"]) for a in s["attributes"]},
+                                "events": {
+                                    e["name"]: int(e["timeUnixNano"]) for e in s.get("events", [])
+                                },
+                                "status": s.get("status", {}).get("code", 0),
+                            }
+                        )
+    return spans
+
+
+def traces_for(pd, request_ids: list[str], timeout_s: float = 20.0) -> dict[str, list[dict]]:
+    """Wait until each request's trace has every span its mode requires."""
+    required = set(semconv.REQUIRED_SPANS[pd.mode])
+    deadline = time.monotonic() + timeout_s
+    while True:
+        spans = read_spans(pd.traces_dir)
+        roots = {
+            s["attrs"].get(semconv.REQUEST_ID): s["trace"]
+            for s in spans
+            if s["name"] == semconv.SPAN_REQUEST
+        }
+        by_trace = defaultdict(list)
+        for s in spans:
+            by_trace[s["trace"]].append(s)
+        out = {rid: by_trace.get(roots.get(rid, ""), []) for rid in request_ids}
+        if all(required <= {s["name"] for s in t} for t in out.values()):
+            return out
+        if time.monotonic() > deadline:
+            missing = {rid: sorted(required - {s["name"] for s in t}) for rid, t in out.items()}
+            pytest.fail(f"incomplete traces after {timeout_s}s: {missing}")
+        time.sleep(0.5)
+
+
+def one(trace: list[dict], name: str) -> dict:
+    found = [s for s in trace if s["name"] == name]
+    assert len(found) == 1, f"{name}: {len(found)} spans"
+    return found[0]
+
+
+def check_tree(trace: list[dict], mode: str) -> None:
+    ids = {s["id"] for s in trace}
+    roots = [s for s in trace if not s["parent"]]
+    assert [r["name"] for r in roots] == [semconv.SPAN_REQUEST], "exactly one root"
+    assert roots[0]["kind"] == 2  # SERVER
+    for s in trace:
+        assert not s["parent"] or s["parent"] in ids, f"{s['name']} has a dangling parent"
+        assert s["status"] != 2, f"{s['name']} failed: {s}"
+        assert s["start"] <= s["end"]
+        if s["service"] in ENGINE_SERVICES:
+            assert s["attrs"][semconv.MODE] == mode
+    services = {s["service"] for s in trace}
+    assert services == {semconv.SERVICE_PROXY, *ENGINE_SERVICES}
+    by_id = {s["id"]: s for s in trace}
+    assert by_id[one(trace, semconv.SPAN_PREFILL)["parent"]]["name"] == semconv.SPAN_PROXY_PREFILL
+    assert by_id[one(trace, semconv.SPAN_DECODE)["parent"]]["name"] == semconv.SPAN_PROXY_DECODE
+    for name in (semconv.SPAN_PROXY_PREFILL, semconv.SPAN_PROXY_DECODE):
+        assert one(trace, name)["kind"] == 3  # CLIENT
+
+
+def check_causal_order(trace: list[dict], mode: str) -> None:
+    s = {name: one(trace, name) for name in semconv.REQUIRED_SPANS[mode]}
+    first_token = s[semconv.SPAN_REQUEST]["events"][semconv.EVENT_FIRST_TOKEN]
+    assert s[semconv.SPAN_DECODE]["end"] <= first_token
+    if mode == "push":
+        assert s[semconv.SPAN_KV_RENDEZVOUS]["end"] <= s[semconv.SPAN_KV_DESC_PREP]["start"]
+        assert s[semconv.SPAN_KV_DESC_PREP]["end"] <= s[semconv.SPAN_KV_WRITE]["start"]
+        assert s[semconv.SPAN_KV_WRITE]["start"] <= s[semconv.SPAN_KV_NOTIFY]["end"]
+        assert s[semconv.SPAN_KV_NOTIFY]["end"] <= first_token
+        assert s[semconv.SPAN_KV_REGISTER]["start"] >= s[semconv.SPAN_DECODE]["start"]
+        rdv = s[semconv.SPAN_KV_RENDEZVOUS]
+        assert rdv["attrs"][semconv.RENDEZVOUS_FIRST] in ("registration", "prefill")
+        write = s[semconv.SPAN_KV_WRITE]["attrs"]
+    else:
+        assert s[semconv.SPAN_KV_READ]["start"] >= s[semconv.SPAN_PROXY_PREFILL]["end"]
+        assert s[semconv.SPAN_KV_RELAY]["start"] >= s[semconv.SPAN_PROXY_PREFILL]["end"] - 1_000_000
+        assert s[semconv.SPAN_KV_RELAY]["end"] <= s[semconv.SPAN_PROXY_DECODE]["start"] + 1_000_000
+        assert s[semconv.SPAN_KV_DESC_PREP]["end"] <= s[semconv.SPAN_KV_READ]["start"]
+        assert s[semconv.SPAN_KV_READ]["end"] <= first_token
+        assert s[semconv.SPAN_KV_NOTIFY]["start"] >= s[semconv.SPAN_KV_READ]["start"]
+        write = s[semconv.SPAN_KV_READ]["attrs"]
+    # NIXL's own figures reached the span: real bytes (about 1 KiB per token here)
+    prompt = s[semconv.SPAN_DECODE]["attrs"][semconv.PROMPT_TOKENS]
+    assert write[semconv.KV_BYTES] >= prompt * 1024 * 0.9
+    assert write[semconv.KV_DESCRIPTORS] > 0
+    assert semconv.NIXL_XFER_US in write and semconv.POLL_LAG_US in write
+
+
+@pytest.mark.parametrize("mode", BOTH)
+def test_each_request_is_one_complete_ordered_trace(pd, mode):
+    prompts = PromptMaker(pd.model).mix([120, 900, 2200], 6)
+    results = run_workload(pd.proxy_url, prompts, concurrency=1, max_tokens=8, model=pd.model_name)
+    assert all(r.ok for r in results), [r.error for r in results]
+    traces = traces_for(pd, [r.request_id for r in results])
+    diffs = []
+    for r in results:
+        trace = traces[r.request_id]
+        check_tree(trace, mode)
+        check_causal_order(trace, mode)
+        root = one(trace, semconv.SPAN_REQUEST)
+        span_ttft_ms = (root["events"][semconv.EVENT_FIRST_TOKEN] - root["start"]) / 1e6
+        diffs.append(r.ttft_s * 1000 - span_ttft_ms)
+        assert one(trace, semconv.SPAN_PREFILL)["attrs"][semconv.PROMPT_TOKENS] == r.prompt_tokens
+    # The client's TTFT adds only loopback HTTP around the proxy's: a few ms.
+    assert all(-1.0 <= d <= 15.0 for d in diffs), diffs
+    assert sorted(diffs)[len(diffs) // 2] <= 5.0, diffs
+
+
+@pytest.mark.parametrize("mode", BOTH)
+def test_sixteen_in_flight_every_trace_complete(pd, mode):
+    prompts = PromptMaker(pd.model, seed=3).mix([100, 400, 1500], 16)
+    results = run_workload(pd.proxy_url, prompts, concurrency=16, max_tokens=4, model=pd.model_name)
+    assert all(r.ok for r in results), [r.error for r in results]
+    traces = traces_for(pd, [r.request_id for r in results], timeout_s=40)
+    assert len({t[0]["trace"] for t in traces.values()}) == 16
+    for trace in traces.values():
+        check_tree(trace, mode)
+        check_causal_order(trace, mode)

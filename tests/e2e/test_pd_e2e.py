@@ -1,0 +1,194 @@
+"""The real 1P1D, push and pull: tokens come back through the proxy AND the prompt's KV
+crossed the connector (D's external_kv_transfer counter grows by exactly the prompt
+length, so D did not recompute it); bad kv_transfer_params never reach an engine;
+teardown leaves no process and no bound port."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+from tracedpush.bench.workload import PromptMaker, run_workload
+from tracedpush.launcher.metrics import (
+    EXTERNAL_KV_COUNTER,
+    external_kv_prompt_tokens,
+    metric_sum,
+    wait_external_kv_tokens,
+)
+
+MODES = [pytest.param(m, marks=pytest.mark.pd(m), id=m) for m in ("push", "pull")]
+
+
+def _post(url: str, body: dict[str, Any], request_id: str | None = None, timeout: float = 120):
+    headers = {"Content-Type": "application/json"}
+    if request_id:
+        headers["X-Request-Id"] = request_id
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers)
+    return urllib.request.urlopen(req, timeout=timeout)
+
+
+def stream_completion(base: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
+    """POST a streamed completion; return the text, chunk count and final usage."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    text, chunks, usage = "", 0, None
+    with _post(f"{base}/v1/completions", body, request_id) as resp:
+        assert resp.status == 200
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            assert "error" not in chunk, chunk
+            usage = chunk.get("usage") or usage
+            piece = "".join(c.get("text") or "" for c in chunk.get("choices") or [])
+            if piece:
+                text += piece
+                chunks += 1
+    return {"text": text, "chunks": chunks, "usage": usage}
+
+
+def assert_kv_crossed(decode_url: str, before: int, prompt_tokens: int) -> None:
+    after = wait_external_kv_tokens(decode_url, before + prompt_tokens)
+    assert after - before == prompt_tokens, (
+        f"D's {EXTERNAL_KV_COUNTER}{{source=external_kv_transfer}} grew by {after - before}, "
+        f"expected the prompt length {prompt_tokens}: KV did not (fully) cross the connector"
+    )
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_streamed_completion_moves_kv_over_connector(pd, mode):
+    prompt = PromptMaker(pd.model, seed=11).make(700, index=1)
+    before = external_kv_prompt_tokens(pd.decode_url)
+    local_before = metric_sum(pd.prefill_url, EXTERNAL_KV_COUNTER, source="local_compute")
+    out = stream_completion(
+        pd.proxy_url,
+        {"model": pd.model_name, "prompt": prompt.text, "max_tokens": 12, "ignore_eos": True},
+        f"e2e-{mode}-stream",
+    )
+    assert out["chunks"] >= 2 and out["text"], out
+    assert out["usage"]["completion_tokens"] == 12
+    assert out["usage"]["prompt_tokens"] == prompt.tokens == 700
+    assert_kv_crossed(pd.decode_url, before, prompt.tokens)
+    # P computed the prompt (its own counter says so), D received it.
+    local_after = metric_sum(pd.prefill_url, EXTERNAL_KV_COUNTER, source="local_compute")
+    assert local_after - local_before >= prompt.tokens
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_plain_openai_client_streams_through_proxy(pd, mode):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{pd.proxy_url}/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list().data] == [pd.model_name]
+    before = external_kv_prompt_tokens(pd.decode_url)
+    stream = client.completions.create(
+        model=pd.model_name,
+        prompt=PromptMaker(pd.model, seed=12).make(300, index=2).text,
+        max_tokens=10,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    pieces, usage = [], None
+    for chunk in stream:
+        pieces += [c.text for c in chunk.choices if c.text]
+        usage = chunk.usage or usage
+    assert len(pieces) >= 2 and usage is not None
+    assert usage.completion_tokens == 10
+    assert_kv_crossed(pd.decode_url, before, usage.prompt_tokens)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_chat_completions_stream_and_not(pd, mode):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{pd.proxy_url}/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": PromptMaker(pd.model, seed=13).make(200).text}]
+    before = external_kv_prompt_tokens(pd.decode_url)
+    stream = client.chat.completions.create(
+        model=pd.model_name,
+        messages=messages,
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    pieces, usage = [], None
+    for chunk in stream:
+        pieces += [c.delta.content for c in chunk.choices if c.delta and c.delta.content]
+        usage = chunk.usage or usage
+    assert pieces and usage is not None and usage.completion_tokens == 8
+    assert_kv_crossed(pd.decode_url, before, usage.prompt_tokens)
+
+    before = external_kv_prompt_tokens(pd.decode_url)
+    reply = client.chat.completions.create(
+        model=pd.model_name, messages=messages, max_tokens=8, extra_body={"ignore_eos": True}
+    )
+    assert reply.choices[0].message.content
+    assert reply.usage.completion_tokens == 8
+    assert_kv_crossed(pd.decode_url, before, reply.usage.prompt_tokens)
+
+
+# A client's kv_transfer_params must never reach an engine: a missing remote_request_id
+# alone kills a push-mode decode EngineCore (cpu-stack.md).
+BAD_PARAMS = {
+    "push-shaped, no remote_request_id": {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_engine_id": "prefill-engine-001",
+        "remote_host": "127.0.0.1",
+        "remote_port": 15600,
+        "tp_size": 1,
+        "remote_block_ids": [],
+    },
+    "not an object": "do_remote_prefill",
+    "empty object": {},
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", list(BAD_PARAMS))
+def test_client_kv_transfer_params_rejected_engines_survive(pd, mode, case):
+    body = {"model": pd.model_name, "prompt": "hello there", "max_tokens": 4}
+    body["kv_transfer_params"] = BAD_PARAMS[case]
+    with pytest.raises(urllib.error.HTTPError) as err:
+        _post(f"{pd.proxy_url}/v1/completions", body, f"e2e-{mode}-bad")
+    assert err.value.code == 400
+    error = json.loads(err.value.read())["error"]
+    assert "kv_transfer_params" in error["message"]
+
+    assert all(pd.healthy().values()), pd.healthy()
+    before = external_kv_prompt_tokens(pd.decode_url)
+    out = stream_completion(
+        pd.proxy_url,
+        {"model": pd.model_name, "prompt": "still serving " * 20, "max_tokens": 4},
+        f"e2e-{mode}-after-bad",
+    )
+    assert out["chunks"] >= 1
+    assert_kv_crossed(pd.decode_url, before, out["usage"]["prompt_tokens"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_concurrent_mixed_workload_every_request_crosses(pd, mode):
+    prompts = PromptMaker(pd.model, seed=14).mix([100, 1000, 3000], 6)
+    before = external_kv_prompt_tokens(pd.decode_url)
+    results = run_workload(pd.proxy_url, prompts, concurrency=3, max_tokens=8)
+    assert [r.error for r in results] == [None] * 6
+    assert all(r.output_tokens == 8 and r.ttft_s and r.tpot_s for r in results)
+    assert [r.prompt_tokens for r in results] == [p.tokens for p in prompts]
+    assert_kv_crossed(pd.decode_url, before, sum(p.tokens for p in prompts))
+
+
+@pytest.mark.pd("pull")
+def test_switching_mode_stopped_push_cleanly(pd, pd_session):
+    """The push deployment (stopped to start pull) left no process and no bound port."""
+    push = [s for s in pd_session.stopped if s.mode == "push"]
+    if not push:
+        pytest.skip("no push deployment ran in this session")
+    record = push[-1]
+    # APIServer + EngineCore + Worker per engine, plus the proxy.
+    assert len(record.pids_before) >= 7, record
+    assert record.alive_after == [], record
+    assert record.bound_after == [] and record.report.clean, record

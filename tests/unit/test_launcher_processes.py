@@ -1,0 +1,196 @@
+"""Process handling of the launcher, on stand-in servers (no vLLM): health waits, failed
+starts, teardown of whole process trees, SIGKILL escalation, the parent-death backstop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tracedpush.launcher.processes import (
+    EnginesLock,
+    LaunchError,
+    ManagedProcess,
+    port_in_use,
+    session_members,
+    stop_all,
+    wait_healthy,
+)
+
+# A stand-in for vLLM's API server: serves /health, forks a child (like EngineCore) that
+# sleeps, writes both pids to a file; on SIGTERM stops its child and exits, or, when
+# "stubborn", ignores SIGTERM (as a hung engine would).
+FAKE_SERVER = textwrap.dedent(
+    """
+    import http.server, os, signal, sys, time
+    port, pidfile, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    if mode == "crash":
+        print("fatal: could not load model", flush=True)
+        sys.exit(3)
+    if mode == "stubborn":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = os.fork()
+    if child == 0:
+        if mode == "stubborn":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(1)
+    if mode == "ok":  # like vLLM's API server: on SIGTERM, stop the child, then exit
+        signal.signal(signal.SIGTERM, lambda *a: (os.kill(child, signal.SIGTERM), os._exit(0)))
+    with open(pidfile, "w") as f:
+        f.write(f"{os.getpid()} {child}")
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        def log_message(self, *a): pass
+    print("serving", flush=True)
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for(predicate, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.fixture
+def fake(tmp_path: Path):
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    started: list[ManagedProcess] = []
+
+    def start(name: str, mode: str = "ok") -> tuple[ManagedProcess, Path]:
+        port, pidfile = free_port(), tmp_path / f"{name}.pids"
+        proc = ManagedProcess(
+            name,
+            [sys.executable, str(script), str(port), str(pidfile), mode],
+            tmp_path / f"{name}.log",
+            ports=(port,),
+            health_url=f"http://127.0.0.1:{port}/health",
+        )
+        proc.start(dict(os.environ))
+        started.append(proc)
+        return proc, pidfile
+
+    yield start
+    stop_all(started, grace=1.0)
+
+
+def test_teardown_stops_server_and_its_children_and_frees_port(fake):
+    a, a_pids = fake("prefill")
+    b, b_pids = fake("decode")
+    wait_healthy([a, b], timeout=60, interval=0.1)
+    pids = [int(x) for f in (a_pids, b_pids) for x in f.read_text().split()]
+    assert len(pids) == 4 and all(alive(p) for p in pids)
+    assert port_in_use(a.ports[0]) and port_in_use(b.ports[0])
+
+    report = stop_all([a, b], grace=10.0)
+
+    assert report.clean and report.killed == []
+    assert not any(alive(p) for p in pids)
+    assert not port_in_use(a.ports[0]) and not port_in_use(b.ports[0])
+
+
+def test_sigterm_ignoring_tree_is_killed(fake):
+    proc, pidfile = fake("stubborn", mode="stubborn")
+    wait_healthy([proc], timeout=60, interval=0.1)
+    pids = [int(x) for x in pidfile.read_text().split()]
+
+    report = stop_all([proc], grace=0.5)
+
+    assert report.killed == ["stubborn"] and report.clean
+    assert not any(alive(p) for p in pids)
+    assert session_members({proc.pid}) == []
+
+
+def test_failed_start_names_the_server_and_shows_its_log(fake):
+    proc, _ = fake("decode", mode="crash")
+    with pytest.raises(LaunchError) as err:
+        wait_healthy([proc], timeout=60, interval=0.1)
+    message = str(err.value)
+    assert message.startswith("decode failed to start: exited with code 3")
+    assert "fatal: could not load model" in message
+
+
+def test_children_die_when_the_launcher_is_killed(tmp_path: Path):
+    """PR_SET_PDEATHSIG: even a SIGKILLed launcher leaves no server behind."""
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    port, pidfile = free_port(), tmp_path / "pids"
+    launcher = textwrap.dedent(
+        f"""
+        import os, sys, time
+        from pathlib import Path
+        from tracedpush.launcher.processes import ManagedProcess, wait_healthy
+        p = ManagedProcess("prefill", [sys.executable, {str(script)!r}, "{port}",
+                           {str(pidfile)!r}, "ok"], Path({str(tmp_path / "p.log")!r}),
+                           health_url="http://127.0.0.1:{port}/health")
+        p.start(dict(os.environ))
+        wait_healthy([p], timeout=60, interval=0.1)
+        print("ready", flush=True)
+        time.sleep(600)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True, env=env
+    )
+    server = child = None
+    try:
+        assert parent.stdout is not None and parent.stdout.readline().strip() == "ready"
+        server, child = (int(x) for x in pidfile.read_text().split())
+        assert alive(server) and alive(child)
+        parent.kill()
+        parent.wait()
+        # The kernel sends the orphaned server SIGTERM; it shuts down as vLLM's does.
+        assert wait_for(lambda: not alive(server) and not alive(child))
+    finally:
+        parent.kill()
+        for pid in (server, child):
+            if pid and alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_port_in_use_sees_a_listener():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert port_in_use(port)
+    assert not port_in_use(port)
+
+
+def test_engines_lock_is_reentrant_here_and_exclusive_elsewhere(tmp_path: Path):
+    path = tmp_path / "engines.lock"
+    probe = ["flock", "-n", str(path), "true"]
+    with EnginesLock(path):
+        with EnginesLock(path):
+            assert subprocess.run(probe).returncode == 1
+        assert subprocess.run(probe).returncode == 1  # still held by the outer level
+    assert subprocess.run(probe).returncode == 0

@@ -1,0 +1,148 @@
+"""What the launcher would run, checked without running it: command lines, environments,
+port layout, and the refusal to start on a busy port."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from tracedpush.launcher import Deployment, DeploymentConfig, LaunchError, servers
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    d = tmp_path / "tiny"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
+    return d
+
+
+def _arg(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+@pytest.mark.parametrize(
+    ("mode", "connector"), [("push", "NixlPushConnector"), ("pull", "NixlConnector")]
+)
+def test_engine_command_lines(model: Path, tmp_path: Path, mode: str, connector: str):
+    d = Deployment(
+        DeploymentConfig(mode=mode, model=model, run_dir=tmp_path / "run", trace=False),
+        log=None,
+        lock=False,
+    )
+    p, dec = d.prefills[0], d.decodes[0]
+    for spec, role, engine_id in (
+        (p, "kv_producer", "prefill-engine-001"),
+        (dec, "kv_consumer", "decode-engine-001"),
+    ):
+        traced = servers.engine_argv(mode, spec, model, "tiny", 4096, True, tmp_path / "tr")
+        kv = json.loads(_arg(traced, "--kv-transfer-config"))
+        assert kv["kv_connector"] == connector
+        assert kv["kv_connector_module_path"] == "tracedpush.connector"
+        assert kv["kv_role"] == role and kv["engine_id"] == engine_id
+        assert kv["kv_buffer_device"] == "cpu"
+        assert kv["kv_connector_extra_config"]["backends"] == ["UCX"]
+        assert kv["kv_connector_extra_config"]["tracedpush"] == {
+            "service_name": f"vllm-{spec.role}",
+            "traces_dir": str(tmp_path / "tr"),
+        }
+        assert "--enforce-eager" in traced and "--no-enable-prefix-caching" in traced
+        assert traced[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+
+        plain = servers.engine_argv(mode, spec, model, "tiny", 4096, False, None)
+        kv = json.loads(_arg(plain, "--kv-transfer-config"))
+        assert "kv_connector_module_path" not in kv
+        assert "tracedpush" not in kv["kv_connector_extra_config"]
+
+
+def test_engines_get_own_core_side_channel_and_ports(model: Path, tmp_path: Path):
+    d = Deployment(
+        DeploymentConfig(mode="push", model=model, run_dir=tmp_path, trace=False),
+        log=None,
+        lock=False,
+    )
+    envs = [servers.engine_env(e, {}) for e in d.engines]
+    assert [e["VLLM_CPU_OMP_THREADS_BIND"] for e in envs] == ["0", "1"]
+    assert [e["VLLM_NIXL_SIDE_CHANNEL_PORT"] for e in envs] == ["5600", "5700"]
+    assert all(e["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1" for e in envs)
+    assert all(e["HF_HUB_OFFLINE"] == "1" and e["VLLM_CPU_KVCACHE_SPACE"] == "1" for e in envs)
+    assert (d.prefill_url, d.decode_url, d.proxy_url) == (
+        "http://127.0.0.1:8100",
+        "http://127.0.0.1:8200",
+        "http://127.0.0.1:8000",
+    )
+    assert set(d.ports()) == {8000, 8100, 8200, 5600, 5700}
+    assert set(d.logs) == {"prefill", "decode", "proxy"}
+
+
+def test_xpyd_layout(model: Path, tmp_path: Path):
+    d = Deployment(
+        DeploymentConfig(
+            mode="pull", model=model, run_dir=tmp_path, trace=False, num_prefill=2, num_decode=2
+        ),
+        log=None,
+        lock=False,
+    )
+    assert [e.engine_id for e in d.engines] == [
+        "prefill-engine-001",
+        "prefill-engine-002",
+        "decode-engine-001",
+        "decode-engine-002",
+    ]
+    assert d.prefill_urls == ["http://127.0.0.1:8100", "http://127.0.0.1:8101"]
+    assert [e.side_channel_port for e in d.decodes] == [5700, 5701]
+    assert len(set(d.ports())) == 9
+
+
+def test_proxy_gets_prefill_coordinates(model: Path, tmp_path: Path):
+    d = Deployment(
+        DeploymentConfig(mode="push", model=model, run_dir=tmp_path, trace=False),
+        log=None,
+        lock=False,
+    )
+    argv = servers.proxy_argv(
+        "push",
+        d.prefills,
+        d.decodes,
+        "127.0.0.1",
+        8000,
+        None,
+        flags={"--host", "--no-trace-context", "--no-trace-files"},
+    )
+    assert _arg(argv, "--prefill") == (
+        "http://127.0.0.1:8100#engine_id=prefill-engine-001,host=127.0.0.1,port=5600,tp=1,pp=1"
+    )
+    assert _arg(argv, "--decode") == "http://127.0.0.1:8200#engine_id=decode-engine-001"
+    assert "--no-trace-context" in argv and "--no-trace-files" in argv
+    assert _arg(argv, "--mode") == "push" and _arg(argv, "--host") == "127.0.0.1"
+    # With the real proxy's parser: every flag we pass exists.
+    real = servers.proxy_argv("pull", d.prefills, d.decodes, "127.0.0.1", 8000, tmp_path)
+    flags = servers.proxy_flags()
+    assert all(a in flags for a in real if a.startswith("--"))
+    assert _arg(real, "--traces") == str(tmp_path)
+
+
+def test_refuses_to_start_on_a_busy_port(model: Path, tmp_path: Path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        d = Deployment(
+            DeploymentConfig(
+                mode="push", model=model, run_dir=tmp_path, trace=False, decode_port=busy
+            ),
+            log=None,
+            lock=False,
+        )
+        with pytest.raises(LaunchError, match=f"port already in use: {busy} \\(decode HTTP\\)"):
+            d.start()
+    assert d.processes == [] and d.teardown is not None and d.teardown.clean
+
+
+def test_max_model_len_capped_by_model(tmp_path: Path):
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 2048}))
+    assert servers.model_max_len(tmp_path, 4096) == 2048
+    assert servers.model_max_len(tmp_path / "nowhere", 4096) == 4096

@@ -1,0 +1,3 @@
+from tracedpush.cli import main
+
+raise SystemExit(main())

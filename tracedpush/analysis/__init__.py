@@ -1,0 +1,65 @@
+"""Turn tracedpush traces into answers: where did each request's TTFT go, and why is
+push faster or slower than pull here.
+
+Pure Python (no vLLM, NIXL, Streamlit or pandas), so it runs on a laptop with only the
+trace files::
+
+    from tracedpush.analysis import TraceStore, analyze, compare, to_perfetto
+
+    store = TraceStore.from_path("traces/")        # or TraceStore.from_jaeger(url)
+    run = analyze(store)                            # clock skew corrected by default
+    r = run.get(trace_id_or_request_id)
+    r.critical_path                                 # [Segment(phase, service, start_ms, ...)]
+    r.hidden                                        # overlapped phases, e.g. push's kv.register
+    r.spans                                         # SpanView per span, on lanes, skew-corrected
+    run.clock_offsets                               # {instance: ClockOffset(offset_ms, ...)}
+    run.table()                                     # one flat dict per request
+    cmp = compare(run)                              # push vs pull per prompt bucket and load
+    store.refresh(); run = analyze(store)           # tail a growing directory
+
+Modules: `model` (spans and answer dataclasses), `otlp` (OTLP/Jaeger JSON decoding),
+`load` (`TraceStore`), `jaeger` (HTTP source), `timeline` (lanes, load, buckets), `skew`
+(clock offsets), `critical_path`, `analyze`, `compare`, `perfetto`, `report` (tables),
+`synthetic` (realistic generated traces), `phases` (phase names), `command` (CLI).
+"""
+
+from __future__ import annotations
+
+from tracedpush.analysis import phases
+from tracedpush.analysis.analyze import DEFAULT_BUCKETS, DEFAULT_LOAD_BUCKETS, analyze
+from tracedpush.analysis.compare import Comparison, ComparisonGroup, PhaseDelta, compare
+from tracedpush.analysis.load import FileSource, TraceStore
+from tracedpush.analysis.model import (
+    ClockOffset,
+    Event,
+    LoadStats,
+    Resource,
+    Segment,
+    Span,
+    SpanView,
+)
+from tracedpush.analysis.perfetto import to_perfetto
+from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
+
+__all__ = [
+    "DEFAULT_BUCKETS",
+    "DEFAULT_LOAD_BUCKETS",
+    "ClockOffset",
+    "Comparison",
+    "ComparisonGroup",
+    "Event",
+    "FileSource",
+    "LoadStats",
+    "PhaseDelta",
+    "RequestAnalysis",
+    "Resource",
+    "RunAnalysis",
+    "Segment",
+    "Span",
+    "SpanView",
+    "TraceStore",
+    "analyze",
+    "compare",
+    "phases",
+    "to_perfetto",
+]

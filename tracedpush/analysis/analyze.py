@@ -1,0 +1,225 @@
+"""`analyze()`: from spans to one `RequestAnalysis` per request.
+
+Order matters: clock offsets are estimated across all requests first, then every
+request's spans are placed on the proxy's clock, and only then is the TTFT attributed,
+so a skewed host cannot make a WRITE look like it finished before it started.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+
+from tracedpush import semconv as sc
+from tracedpush.analysis import skew
+from tracedpush.analysis._gc import paused_gc
+from tracedpush.analysis.critical_path import critical_path
+from tracedpush.analysis.load import TraceStore
+from tracedpush.analysis.model import (
+    STATUS_ERROR,
+    STATUS_OK,
+    ClockOffset,
+    LoadStats,
+    Resource,
+    Span,
+    SpanView,
+)
+from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
+from tracedpush.analysis.timeline import (
+    DEFAULT_BUCKETS,
+    DEFAULT_LOAD_BUCKETS,
+    LoadCounter,
+    TraceIndex,
+    bucket_label,
+    lane_of,
+    lane_sort_key,
+    load_label,
+    role_of,
+)
+
+__all__ = ["DEFAULT_BUCKETS", "DEFAULT_LOAD_BUCKETS", "analyze"]
+
+_STATUS_NAMES = {STATUS_OK: "ok", STATUS_ERROR: "error"}
+
+Source = TraceStore | Mapping[str, Iterable[Span]] | Iterable[Span]
+
+
+def _traces(source: Source) -> tuple[list[tuple[str, list[Span]]], LoadStats, str]:
+    if isinstance(source, TraceStore):
+        items = [(tid, list(spans.values())) for tid, spans in source.traces.items()]
+        return items, source.stats, source.describe()
+    if isinstance(source, Mapping):
+        return [(tid, list(spans)) for tid, spans in source.items()], LoadStats(), "memory"
+    grouped: dict[str, list[Span]] = {}
+    for s in source:
+        grouped.setdefault(s.trace_id, []).append(s)
+    return list(grouped.items()), LoadStats(), "memory"
+
+
+def _reference(indexes: Sequence[TraceIndex], dom: Mapping[Resource, str]) -> str:
+    """The clock TTFT is measured on: the proxy that received the most requests."""
+    roots = Counter(dom[ix.root.resource] for ix in indexes if ix.root is not None)
+    if roots:
+        return roots.most_common(1)[0][0]
+    labels = Counter(dom[s.resource] for ix in indexes for s in ix.spans)
+    return labels.most_common(1)[0][0] if labels else ""
+
+
+def analyze(
+    source: Source,
+    *,
+    correct_skew: bool = True,
+    buckets: Sequence[int] = DEFAULT_BUCKETS,
+    load_buckets: Sequence[int] = DEFAULT_LOAD_BUCKETS,
+    spans: bool = True,
+) -> RunAnalysis:
+    """Analyse every trace in `source` (a `TraceStore`, {trace id: spans}, or spans).
+
+    `correct_skew=False` still estimates offsets (reported) but does not apply them.
+    `buckets` / `load_buckets` are the upper edges of the prompt-length / load groups.
+    `spans=False` skips building `SpanView`s (faster when only numbers are wanted).
+    """
+    with paused_gc():
+        return _analyze(source, correct_skew, tuple(buckets), tuple(load_buckets), spans)
+
+
+def _analyze(
+    source: Source,
+    correct_skew: bool,
+    buckets: tuple[int, ...],
+    load_buckets: tuple[int, ...],
+    spans: bool,
+) -> RunAnalysis:
+    items, stats, where = _traces(source)
+    indexes = [TraceIndex(tid, ss) for tid, ss in items if ss]
+    resources = {id(s.resource): s.resource for ix in indexes for s in ix.spans}
+    dom = skew.domains(resources.values())
+    ref = _reference(indexes, dom)
+    offsets: dict[str, ClockOffset] = skew.estimate(indexes, dom, ref) if ref else {}
+    applied = {label: (o.offset_ms if correct_skew else 0.0) for label, o in offsets.items()}
+    off_ns = {rid: round(applied.get(dom[r], 0.0) * 1e6) for rid, r in resources.items()}
+
+    load = LoadCounter((ix.root.start_ns, ix.root.end_ns) for ix in indexes if ix.root is not None)
+    requests = [
+        _request(ix, off_ns, load, buckets, load_buckets, spans) for ix in indexes
+    ]
+    requests.sort(key=lambda r: r.start_unix_ms)
+    return RunAnalysis(
+        requests=requests,
+        clock_offsets=offsets,
+        stats=stats,
+        skew_corrected=correct_skew,
+        buckets=tuple(buckets),
+        load_buckets=tuple(load_buckets),
+        source=where,
+    )
+
+
+def _request(
+    ix: TraceIndex,
+    off_ns: Mapping[int, int],
+    load: LoadCounter,
+    buckets: tuple[int, ...],
+    load_buckets: tuple[int, ...],
+    with_spans: bool,
+) -> RequestAnalysis:
+    root = ix.root
+    if root is not None:
+        origin = root.start_ns - off_ns.get(id(root.resource), 0)
+    else:
+        origin = min(s.start_ns - off_ns.get(id(s.resource), 0) for s in ix.spans)
+
+    def ms(span: Span, t: int) -> float:
+        return (t - off_ns.get(id(span.resource), 0) - origin) / 1e6
+
+    path = critical_path(ix, ms)
+    problems = list(ix.problems)
+    required = sc.REQUIRED_SPANS.get(ix.mode, ())
+    absent = [n for n in required if n not in ix.by_name]
+    problems += [f"missing span {n}" for n in absent]
+    problems += [f"missing span {n}" for n in path.missing if n not in absent]
+    problems += path.problems
+    error = ix.first_error()
+    if error:
+        problems.append(f"failed: {error}")
+
+    ttft = path.end_ms if root is not None and path.segments else None
+    attr_ttft = None
+    if root is not None:
+        v = root.attributes.get(sc.TTFT_MS)
+        if v is not None:
+            try:
+                attr_ttft = float(v)
+            except (TypeError, ValueError):
+                attr_ttft = None
+        if ttft is not None and attr_ttft is not None and abs(attr_ttft - ttft) > 1.0:
+            problems.append(f"{sc.TTFT_MS}={attr_ttft:.3f} differs from the first_token event")
+    out_tokens = ix.int_attr(sc.OUTPUT_TOKENS, sc.SPAN_REQUEST)
+    tpot = None
+    if ttft is not None and out_tokens and out_tokens > 1 and root is not None:
+        tpot = max(ms(root, root.end_ns) - ttft, 0.0) / (out_tokens - 1)
+    prompt = ix.int_attr(sc.PROMPT_TOKENS, sc.SPAN_REQUEST, sc.SPAN_PREFILL, sc.SPAN_DECODE)
+    n_load = load.at(root.start_ns) if root is not None else 0
+
+    views: list[SpanView] = []
+    lanes: list[str] = []
+    if with_spans:
+        owners = path.on_path
+        lane_role: dict[str, str] = {}
+        for s in sorted(ix.spans, key=lambda s: s.start_ns):
+            res = s.resource
+            lane = lane_of(s)
+            if lane not in lane_role:
+                lane_role[lane] = role_of(s)
+            err = ""
+            if s.status_code == STATUS_ERROR:
+                err = str(s.attributes.get(sc.ERROR_TYPE) or s.status_message or "error")
+            start = ms(s, s.start_ns)
+            views.append(
+                SpanView(
+                    name=s.name,
+                    service=res.service,
+                    instance=res.instance,
+                    lane=lane,
+                    start_ms=start,
+                    duration_ms=(s.end_ns - s.start_ns) / 1e6,
+                    on_critical_path=s.span_id in owners or s is root,
+                    status=_STATUS_NAMES.get(s.status_code, "unset"),
+                    attributes=s.attributes,
+                    span_id=s.span_id,
+                    parent_id=s.parent_id,
+                    host=res.host,
+                    pid=res.pid,
+                    error=err,
+                )
+            )
+        lanes = sorted(lane_role, key=lambda ln: lane_sort_key(ln, lane_role[ln]))
+    complete = (
+        ix.mode in sc.REQUIRED_SPANS
+        and not absent
+        and not path.missing
+        and ttft is not None
+        and error is None
+    )
+    return RequestAnalysis(
+        trace_id=ix.trace_id,
+        request_id=ix.request_id,
+        mode=ix.mode,
+        prompt_tokens=prompt,
+        output_tokens=out_tokens,
+        ttft_ms=ttft,
+        tpot_ms=tpot,
+        start_unix_ms=origin / 1e6,
+        load=n_load,
+        bucket=bucket_label(prompt, buckets),
+        critical_path=path.segments,
+        hidden=path.hidden,
+        spans=views,
+        complete=complete,
+        problems=problems,
+        load_bucket=load_label(n_load, load_buckets) if root is not None else "unknown",
+        rendezvous_first=path.rendezvous_first,
+        error=error,
+        lanes=lanes,
+        ttft_attr_ms=attr_ttft,
+    )

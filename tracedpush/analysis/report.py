@@ -1,0 +1,233 @@
+"""Render a `RunAnalysis` as readable text tables (the `table` format of the report)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from tracedpush.analysis.compare import ALL, Comparison, ComparisonGroup, compare
+from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain monospace table; numbers right-aligned."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, c in enumerate(row):
+            widths[i] = max(widths[i], len(c))
+    numeric = [
+        all(isinstance(row[i], int | float) or row[i] is None for row in rows) if rows else False
+        for i in range(len(headers))
+    ]
+
+    def fmt(row: Sequence[str]) -> str:
+        return "  ".join(
+            c.rjust(widths[i]) if numeric[i] else c.ljust(widths[i]) for i, c in enumerate(row)
+        ).rstrip()
+
+    lines = [fmt(list(headers)), fmt(["-" * w for w in widths])]
+    lines += [fmt(row) for row in cells]
+    return "\n".join(lines)
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.1f}" if abs(v) >= 100 else f"{v:.2f}"
+    return str(v)
+
+
+def _section(title: str, body: str) -> str:
+    return f"{title}\n{'=' * len(title)}\n{body}\n"
+
+
+def render(run: RunAnalysis, *, slowest: int = 10, cmp: Comparison | None = None) -> str:
+    cmp = cmp or compare(run)
+    out = [_summary(run), _offsets(run)]
+    if run.requests:
+        out.append(_comparison(cmp))
+        overall = cmp.overall
+        if overall is not None and overall.delta:
+            out.append(_delta(cmp, overall))
+        out.append(_phases(cmp))
+        out.append(_slowest(run, slowest))
+        problems = _problems(run)
+        if problems:
+            out.append(problems)
+    return "\n".join(out)
+
+
+def _summary(run: RunAnalysis) -> str:
+    st = run.stats
+    modes = Counter(r.mode for r in run.requests)
+    complete = sum(r.complete for r in run.requests)
+    lines = [
+        f"source: {run.source}",
+        f"requests: {len(run.requests)} ("
+        + ", ".join(f"{m} {n}" for m, n in sorted(modes.items()))
+        + f"); complete traces: {complete}",
+        f"loaded: {st.files} files, {st.lines_read} lines, {st.spans} spans; "
+        f"skipped malformed: {st.malformed}; partial lines pending: {st.partial}; "
+        f"duplicates dropped: {st.duplicates}"
+        + (f"; HTTP requests: {st.fetches} ({st.fetch_errors} failed)" if st.fetches else ""),
+        "clock skew: "
+        + ("corrected" if run.skew_corrected else "NOT corrected (--no-skew-correction)"),
+    ]
+    if st.errors:
+        lines.append(f"last loading problem: {st.errors[-1]}")
+    return _section("tracedpush report", "\n".join(lines))
+
+
+def _offsets(run: RunAnalysis) -> str:
+    rows = []
+    for name, o in sorted(run.clock_offsets.items(), key=lambda kv: (not kv[1].reference, kv[0])):
+        if o.reference:
+            note = "reference (proxy clock)"
+        elif o.pairs == 0:
+            note = "no causal pairs: not corrected"
+        elif not o.consistent:
+            note = "evidence contradicts itself"
+        elif o.offset_ms == 0.0:
+            note = "0 is consistent with the evidence"
+        else:
+            note = "midpoint of the evidence"
+        lo = None if o.lo_ms == float("-inf") else o.lo_ms
+        hi = None if o.hi_ms == float("inf") else o.hi_ms
+        bound = None if o.bound_ms == float("inf") else o.bound_ms
+        rows.append([name, o.host, o.offset_ms, bound, lo, hi, o.pairs, note])
+    body = table(
+        ["instance", "host", "offset ms", "+/- ms", "lo ms", "hi ms", "pairs", "note"], rows
+    )
+    return _section("Clock offsets (corrected = raw - offset)", body)
+
+
+def _stat(g: ComparisonGroup, what: str, mode: str, q: str) -> float | None:
+    d = (g.ttft if what == "ttft" else g.tpot).get(mode) or {}
+    return d.get(q)
+
+
+def _comparison(cmp: Comparison) -> str:
+    a, b = cmp.a, cmp.b
+    rows = []
+    for g in cmp.groups:
+        if g.bucket != ALL and g.load != ALL:
+            continue  # cells are in the JSON; the table keeps to the margins
+        rows.append(
+            [
+                g.bucket,
+                g.load,
+                g.n.get(a, 0),
+                g.n.get(b, 0),
+                _stat(g, "ttft", a, "p50"),
+                _stat(g, "ttft", b, "p50"),
+                _stat(g, "ttft", a, "p90"),
+                _stat(g, "ttft", b, "p90"),
+                _stat(g, "ttft", a, "p99"),
+                _stat(g, "ttft", b, "p99"),
+                _stat(g, "tpot", a, "p50"),
+                _stat(g, "tpot", b, "p50"),
+                _stat(g, "tpot", a, "p90"),
+                _stat(g, "tpot", b, "p90"),
+                g.ttft_mean_delta_ms,
+            ]
+        )
+    h = [
+        "prompt",
+        "load",
+        f"n {a}",
+        f"n {b}",
+        f"TTFT p50 {a}",
+        f"p50 {b}",
+        f"p90 {a}",
+        f"p90 {b}",
+        f"p99 {a}",
+        f"p99 {b}",
+        f"TPOT p50 {a}",
+        f"p50 {b}",
+        f"p90 {a}",
+        f"p90 {b}",
+        f"mean TTFT {b}-{a}",
+    ]
+    return _section(
+        f"{a} vs {b} (ms) by prompt length and load (in flight at receipt)", table(h, rows)
+    )
+
+
+def _delta(cmp: Comparison, g: ComparisonGroup) -> str:
+    rows = [[d.phase, d.a_ms, d.b_ms, d.delta_ms] for d in g.delta if abs(d.delta_ms) >= 0.005]
+    total = g.ttft_mean_delta_ms
+    rows.append(["= mean TTFT", None, None, total])
+    h = ["phase (critical path)", f"{cmp.a} mean ms", f"{cmp.b} mean ms", f"{cmp.b} - {cmp.a} ms"]
+    return _section(
+        f"Where the TTFT difference goes (all requests; {cmp.b} - {cmp.a})", table(h, rows)
+    )
+
+
+def _phases(cmp: Comparison) -> str:
+    g = cmp.overall
+    if g is None:
+        return ""
+    phases: list[str] = []
+    for m in (cmp.a, cmp.b):
+        for p in g.phases.get(m, {}):
+            if p not in phases:
+                phases.append(p)
+    rows = []
+    for p in phases:
+        row: list[Any] = [p]
+        for m in (cmp.a, cmp.b):
+            s = g.phases.get(m, {}).get(p) or {}
+            row += [s.get("p50"), s.get("p90")]
+        rows.append(row)
+    h = ["phase", f"{cmp.a} p50", f"{cmp.a} p90", f"{cmp.b} p50", f"{cmp.b} p90"]
+    return _section(
+        "Critical-path phases (ms; 0 where a request did not have the phase)", table(h, rows)
+    )
+
+
+def _top_phases(r: RequestAnalysis, n: int = 3) -> str:
+    top = sorted(r.phase_ms().items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{p} {ms:.1f}" for p, ms in top)
+
+
+def _slowest(run: RunAnalysis, n: int) -> str:
+    rows = [
+        [
+            r.trace_id[:16],
+            r.request_id[:24],
+            r.mode,
+            r.prompt_tokens,
+            r.load,
+            r.ttft_ms,
+            r.tpot_ms,
+            _top_phases(r),
+            "yes" if r.complete else f"no ({len(r.problems)})",
+        ]
+        for r in run.slowest(n)
+    ]
+    h = [
+        "trace",
+        "request",
+        "mode",
+        "prompt",
+        "load",
+        "TTFT ms",
+        "TPOT ms",
+        "largest phases (ms)",
+        "complete",
+    ]
+    return _section(f"Slowest {len(rows)} requests", table(h, rows))
+
+
+def _problems(run: RunAnalysis) -> str:
+    counts: Counter[str] = Counter()
+    for r in run.requests:
+        for p in r.problems:
+            counts[p.split(":")[0] if "starts" in p else p] += 1
+    if not counts:
+        return ""
+    rows = [[p[:100], n] for p, n in counts.most_common(10)]
+    return _section("Problems (requests affected)", table(["problem", "requests"], rows))

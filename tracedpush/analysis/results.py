@@ -1,0 +1,164 @@
+"""What `analyze()` returns: one `RequestAnalysis` per request, in a `RunAnalysis`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from tracedpush.analysis.model import ClockOffset, LoadStats, Segment, SpanView
+
+JSON_VERSION = 1  # bump when docs/report.md's JSON format changes incompatibly
+
+
+@dataclass(slots=True)
+class RequestAnalysis:
+    """One request: its TTFT cut into phases, its spans on lanes, what went wrong.
+
+    Times are milliseconds relative to the proxy's receipt of the request, after clock
+    correction. ``critical_path`` segments are consecutive from 0 and sum to
+    ``ttft_ms``; ``hidden`` holds phases that ran inside the TTFT window without
+    delaying the first token (push's registration during prefill, for instance).
+    """
+
+    trace_id: str
+    request_id: str
+    mode: str  # "push", "pull" or "unknown"
+    prompt_tokens: int | None
+    output_tokens: int | None
+    ttft_ms: float | None  # receipt -> first token sent to the client (None: not known)
+    tpot_ms: float | None  # (last token - first token) / (output tokens - 1)
+    start_unix_ms: float  # proxy receipt, Unix epoch milliseconds
+    load: int  # requests in flight at the proxy at receipt (this one included)
+    bucket: str  # prompt-length bucket label, e.g. "<=1024"
+    critical_path: list[Segment]
+    hidden: list[Segment]
+    spans: list[SpanView]
+    complete: bool  # every span the mode requires is present and the path is whole
+    problems: list[str]
+    load_bucket: str = ""  # load bucket label, e.g. "3-4"
+    rendezvous_first: str | None = None  # push: "registration" or "prefill"
+    error: str | None = None  # error.type / status message of the first failed span
+    lanes: list[str] = field(default_factory=list)  # lane names in display order
+    ttft_attr_ms: float | None = None  # the proxy's own tracedpush.ttft_ms attribute
+
+    def phase_ms(self) -> dict[str, float]:
+        """Critical-path milliseconds per phase (a phase can occur more than once)."""
+        out: dict[str, float] = {}
+        for seg in self.critical_path:
+            out[seg.phase] = out.get(seg.phase, 0.0) + seg.duration_ms
+        return out
+
+    def row(self) -> dict[str, Any]:
+        """One flat row (see `RunAnalysis.table`)."""
+        row: dict[str, Any] = {
+            "trace_id": self.trace_id,
+            "request_id": self.request_id,
+            "mode": self.mode,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "ttft_ms": self.ttft_ms,
+            "tpot_ms": self.tpot_ms,
+            "start_unix_ms": self.start_unix_ms,
+            "load": self.load,
+            "load_bucket": self.load_bucket,
+            "bucket": self.bucket,
+            "complete": self.complete,
+            "error": self.error,
+        }
+        for phase, ms in self.phase_ms().items():
+            row[f"critical_ms.{phase}"] = ms
+        return row
+
+    def to_json(self, *, spans: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "trace_id": self.trace_id,
+            "request_id": self.request_id,
+            "mode": self.mode,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "ttft_ms": _r(self.ttft_ms),
+            "tpot_ms": _r(self.tpot_ms),
+            "start_unix_ms": round(self.start_unix_ms, 3),
+            "load": self.load,
+            "load_bucket": self.load_bucket,
+            "bucket": self.bucket,
+            "complete": self.complete,
+            "problems": list(self.problems),
+            "error": self.error,
+            "rendezvous_first": self.rendezvous_first,
+            "critical_path": [s.to_json() for s in self.critical_path],
+            "hidden": [s.to_json() for s in self.hidden],
+        }
+        if spans:
+            out["spans"] = [s.to_json() for s in self.spans]
+        return out
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+@dataclass(slots=True)
+class RunAnalysis:
+    """Every request of a run plus what was estimated across them (clock offsets)."""
+
+    requests: list[RequestAnalysis]
+    clock_offsets: dict[str, ClockOffset]
+    stats: LoadStats = field(default_factory=LoadStats)
+    skew_corrected: bool = True
+    buckets: tuple[int, ...] = ()
+    load_buckets: tuple[int, ...] = ()
+    source: str = ""
+    _index: dict[str, RequestAnalysis] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._reindex()
+
+    def _reindex(self) -> None:
+        self._index = {}
+        for r in self.requests:
+            self._index.setdefault(r.request_id, r)
+        for r in self.requests:
+            self._index[r.trace_id] = r
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __iter__(self) -> Iterator[RequestAnalysis]:
+        return iter(self.requests)
+
+    def get(self, key: str) -> RequestAnalysis | None:
+        """A request by trace id or by base request id."""
+        return self._index.get(key) or self._index.get(key.lower())
+
+    def by_mode(self, mode: str) -> list[RequestAnalysis]:
+        return [r for r in self.requests if r.mode == mode]
+
+    def modes(self) -> list[str]:
+        return sorted({r.mode for r in self.requests})
+
+    def slowest(self, n: int = 10, mode: str | None = None) -> list[RequestAnalysis]:
+        rs = [
+            r for r in self.requests if r.ttft_ms is not None and (mode is None or r.mode == mode)
+        ]
+        return sorted(rs, key=lambda r: r.ttft_ms or 0.0, reverse=True)[:n]
+
+    def table(self) -> list[dict[str, Any]]:
+        """One flat row per request: ids, mode, tokens, TTFT/TPOT, start, load, bucket,
+        and ``critical_ms.<phase>`` per phase on the critical path (absent: 0 ms)."""
+        return [r.row() for r in self.requests]
+
+    def to_json(self, *, spans: bool = False) -> dict[str, Any]:
+        """The documented report format (docs/report.md)."""
+        from tracedpush.analysis.compare import compare
+
+        return {
+            "version": JSON_VERSION,
+            "source": self.source,
+            "skew_corrected": self.skew_corrected,
+            "load_stats": self.stats.to_json(),
+            "clock_offsets_ms": {k: v.to_json() for k, v in self.clock_offsets.items()},
+            "requests": [r.to_json(spans=spans) for r in self.requests],
+            "comparison": compare(self).to_json(),
+        }

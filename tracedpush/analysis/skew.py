@@ -1,0 +1,220 @@
+"""Clock offsets between instances, estimated from causal pairs, NTP-style.
+
+Spans from different hosts carry different clocks. Each *causal pair* says an event a
+on clock A happened before an event b on clock B (a request is sent before it
+arrives; a WRITE is posted before its notification; an engine's work sits inside the
+proxy's leg). With offsets θ (corrected = raw − θ), a pair gives the difference
+constraint ``θ_B − θ_A <= b − a``. Pairs in both directions bound each instance's
+offset relative to the proxy's clock to an interval [lo, hi].
+
+How the offset is chosen (and why):
+
+* The clock domains are instances (``service.instance.id``, split by ``host.name`` if an
+  instance spans hosts); the reference is the proxy (the clock TTFT is measured on).
+  Per instance rather than per host, so an instance whose clock differs from a
+  neighbour's on the same host is still caught; instances truly sharing a clock get
+  compatible intervals anyway.
+* The tightest bounds follow from all pairs at once (shortest paths over the
+  constraint graph, so P<->D pairs such as WRITE -> notification tighten both).
+* If the interval contains 0, the offset is 0: the evidence does not support any
+  correction, and we never correct beyond it. Otherwise the offset is the interval's
+  midpoint (NTP's symmetric-delay assumption). ``bound_ms`` is the largest error the
+  chosen value can have within the interval.
+* Instances are fixed one at a time, each fixing re-tightening the others, so the
+  chosen offsets are jointly consistent: first those whose interval contains 0 (they
+  stay at 0), then the rest, narrowest interval first.
+* If the pairs contradict each other (lo > hi, e.g. a clock that jumped), the
+  midpoint is used and the offset is flagged ``consistent=False``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from tracedpush import semconv as sc
+from tracedpush.analysis.model import STATUS_ERROR, ClockOffset, Resource, Span
+from tracedpush.analysis.timeline import DECODE, PREFILL, PROXY, TraceIndex
+
+INF = float("inf")
+
+Pair = tuple[Span, int, Span, int]  # (a, a's raw time, b, b's raw time): a before b
+
+
+def domains(resources: Iterable[Resource]) -> dict[Resource, str]:
+    """Clock domain label per resource: the instance, or instance@host when an
+    instance id appears on several hosts."""
+    hosts: dict[str, set[str]] = {}
+    res = list(resources)
+    for r in res:
+        hosts.setdefault(r.instance, set()).add(r.host)
+    return {r: r.instance if len(hosts[r.instance]) == 1 else f"{r.instance}@{r.host}" for r in res}
+
+
+def causal_pairs(ix: TraceIndex) -> Iterator[Pair]:
+    """Every (a before b) pair one request offers across processes."""
+    ok = _ok
+    root = ix.root
+    pp = ix.one(sc.SPAN_PROXY_PREFILL, PROXY)
+    pd = ix.one(sc.SPAN_PROXY_DECODE, PROXY)
+    pre = ix.one(sc.SPAN_PREFILL, PREFILL)
+    dec = ix.one(sc.SPAN_DECODE, DECODE)
+    # The proxy's legs (else the root) around each engine's work.
+    outer_p = pp if ok(pp) else root
+    if ok(outer_p) and ok(pre):
+        yield outer_p, outer_p.start_ns, pre, pre.start_ns
+        yield pre, pre.end_ns, outer_p, outer_p.end_ns
+    outer_d = pd if ok(pd) else root
+    if ok(outer_d) and ok(dec):
+        yield outer_d, outer_d.start_ns, dec, dec.start_ns
+        ft = outer_d.event_ns(sc.EVENT_FIRST_TOKEN)
+        if ft is None and root is not None:
+            ft = root.event_ns(sc.EVENT_FIRST_TOKEN)
+        # decode ends when the first token is scheduled: it reaches the proxy later.
+        yield dec, dec.end_ns, outer_d, ft if ft is not None else outer_d.end_ns
+    if ix.mode == "push":
+        reg = ix.one(sc.SPAN_KV_REGISTER, DECODE)
+        rdv = ix.one(sc.SPAN_KV_RENDEZVOUS, PREFILL)
+        if ok(reg) and ok(rdv):
+            first = rdv.attributes.get(sc.RENDEZVOUS_FIRST)
+            if first in ("registration", "prefill"):
+                arrival = rdv.start_ns if first == "registration" else rdv.end_ns
+                yield reg, reg.end_ns, rdv, arrival  # registration sent before it arrives
+            else:
+                yield reg, reg.end_ns, rdv, rdv.end_ns  # it arrived by the rendezvous end
+        write = ix.one(sc.SPAN_KV_WRITE, PREFILL)
+        notify = ix.one(sc.SPAN_KV_NOTIFY, DECODE)
+        if ok(write) and ok(notify):
+            yield write, write.start_ns, notify, notify.start_ns  # posted before notified
+    elif ix.mode == "pull":
+        read = ix.one(sc.SPAN_KV_READ, DECODE)
+        notify = ix.one(sc.SPAN_KV_NOTIFY, PREFILL)
+        if ok(read) and ok(notify):
+            yield read, read.start_ns, notify, notify.start_ns  # posted before notified
+        if ok(pre) and ok(read):
+            yield pre, pre.end_ns, read, read.start_ns  # P finished before D reads
+
+
+def _ok(span: Span | None) -> bool:
+    return span is not None and span.status_code != STATUS_ERROR
+
+
+@dataclass(slots=True)
+class _Edges:
+    """w[(A, B)] = tightest known bound on θ_B − θ_A (ns); n = pairs behind it."""
+
+    w: dict[tuple[str, str], int]
+    n: dict[str, int]
+
+
+def collect(indexes: Iterable[TraceIndex], dom: Mapping[Resource, str]) -> _Edges:
+    w: dict[tuple[str, str], int] = {}
+    n: dict[str, int] = {}
+    by_id = {id(r): label for r, label in dom.items()}
+    for ix in indexes:
+        for a, ta, b, tb in causal_pairs(ix):
+            da, db = by_id[id(a.resource)], by_id[id(b.resource)]
+            if da == db:
+                continue
+            key = (da, db)
+            slack = tb - ta
+            cur = w.get(key)
+            if cur is None or slack < cur:
+                w[key] = slack
+            n[da] = n.get(da, 0) + 1
+            n[db] = n.get(db, 0) + 1
+    return _Edges(w, n)
+
+
+def _shortest(nodes: list[str], w: Mapping[tuple[str, str], float]) -> dict[str, dict[str, float]]:
+    d = {a: {b: (0.0 if a == b else w.get((a, b), INF)) for b in nodes} for a in nodes}
+    for k in nodes:
+        dk = d[k]
+        for i in nodes:
+            dik = d[i][k]
+            if dik == INF:
+                continue
+            di = d[i]
+            for j in nodes:
+                alt = dik + dk[j]
+                if alt < di[j]:
+                    di[j] = alt
+    return d
+
+
+def estimate(
+    indexes: Iterable[TraceIndex],
+    dom: Mapping[Resource, str],
+    reference: str,
+) -> dict[str, ClockOffset]:
+    """Offsets (ms) of every domain relative to `reference`; see the module docstring."""
+    edges = collect(indexes, dom)
+    host = {}
+    for r, label in dom.items():
+        host.setdefault(label, r.host)
+    nodes = sorted(set(dom.values()) | {reference})
+    w: dict[tuple[str, str], float] = dict(edges.w)
+    fixed: dict[str, float] = {reference: 0.0}
+    out: dict[str, ClockOffset] = {
+        reference: ClockOffset(
+            reference,
+            0.0,
+            0.0,
+            edges.n.get(reference, 0),
+            host.get(reference, ""),
+            0.0,
+            0.0,
+            reference=True,
+        )
+    }
+    d = _shortest(nodes, w)
+    consistent_graph = all(d[x][x] >= 0 for x in nodes)
+    todo = [x for x in nodes if x != reference]
+    while todo:
+        if not consistent_graph:
+            # Contradictory evidence somewhere: judge each domain by its direct pairs
+            # with the reference only, so one bad link does not poison the rest.
+            d = {
+                reference: {x: w.get((reference, x), INF) for x in nodes},
+                **{x: {reference: w.get((x, reference), INF)} for x in nodes if x != reference},
+            }
+        intervals = {}
+        for x in todo:
+            hi = d[reference].get(x, INF)
+            lo = -d[x].get(reference, INF)
+            intervals[x] = (lo, hi)
+        # Domains the evidence allows to stay uncorrected go first (fixed at 0), so a
+        # guessed midpoint elsewhere cannot push a correct clock off zero.
+        zero_ok = [k for k in todo if intervals[k][0] <= 0.0 <= intervals[k][1]]
+        x = min(zero_ok or todo, key=lambda k: (intervals[k][1] - intervals[k][0], k))
+        lo, hi = intervals[x]
+        todo.remove(x)
+        consistent = lo <= hi
+        if lo == -INF and hi == INF:
+            value = 0.0
+        elif lo == -INF:
+            value = min(0.0, hi)
+        elif hi == INF:
+            value = max(0.0, lo)
+        elif lo <= 0.0 <= hi:
+            value = 0.0
+        else:
+            value = (lo + hi) / 2.0
+        bound = max(value - lo, hi - value) if consistent else abs(hi - lo) / 2.0
+        out[x] = ClockOffset(
+            instance=x,
+            offset_ms=value / 1e6,
+            bound_ms=bound / 1e6,
+            pairs=edges.n.get(x, 0),
+            host=host.get(x, ""),
+            lo_ms=lo / 1e6,
+            hi_ms=hi / 1e6,
+            consistent=consistent,
+        )
+        fixed[x] = value
+        if consistent_graph:
+            w[(reference, x)] = min(w.get((reference, x), INF), value)
+            w[(x, reference)] = min(w.get((x, reference), INF), -value)
+            d = _shortest(nodes, w)
+            consistent_graph = all(d[k][k] >= -1e-6 for k in nodes)
+    return out

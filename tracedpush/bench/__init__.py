@@ -1,0 +1,1 @@
+"""Load generation and measurement: the workload client, `tracedpush demo`, benchmarks."""

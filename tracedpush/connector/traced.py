@@ -1,0 +1,265 @@
+"""The tracing layer shared by the push and pull connectors.
+
+`TracedConnectorMixin` sits in front of vLLM's NIXL connector facade. Each hook calls
+vLLM first or last exactly as before and, around it, appends one compact event to the
+process's pipeline: no I/O, no locks, no span building on the engine or worker
+threads. Any failure inside our own code is swallowed (and counted by the pipeline):
+tracing must never take an engine down.
+
+Scheduler side: `on_new_request`, `update_state_after_alloc`, `build_connector_meta`,
+`update_connector_output`, `request_finished[_all_groups]` (public, stable hooks). The
+scheduler ships the facts a worker needs (trace context, allocation and finish times)
+inside the connector metadata (`meta.tracedpush_facts`).
+
+Worker side: `bind_connector_metadata`, `start_load_kv`, `get_finished` /
+`get_transfer_results` (public), the NIXL agent tap (`tap.py`), and two private seams
+checked by `version.py`: `_nixl_handshake` (handshake timing) and, in push mode,
+`_do_start_push_kv` (the rendezvous moment on P's writer thread).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from time import time_ns
+from typing import Any
+
+from tracedpush import semconv
+from tracedpush.connector import version
+from tracedpush.connector.config import TracedConfig
+from tracedpush.connector.tap import NixlAgentTap
+from tracedpush.telemetry import events as ev
+from tracedpush.telemetry.builder import BuilderConfig
+from tracedpush.telemetry.export import SpanSink, build_exporters, make_resource
+from tracedpush.telemetry.pipeline import Pipeline
+
+log = logging.getLogger("tracedpush.connector")
+
+_KEY = semconv.KV_PARAMS_TRACE_KEY
+
+
+def _role_for(kv_role: str | None) -> str:
+    return "decode" if kv_role == "kv_consumer" else "prefill"
+
+
+class TracedConnectorMixin:
+    """Mixed in before vLLM's NixlPushConnector / NixlPullConnector."""
+
+    _TRACEDPUSH_MODE = "pull"
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)  # type: ignore[call-arg]
+        self._tp_pipeline: Pipeline | None = None
+        self._tp_record = None
+        self._tp_outbox: list[tuple] = []
+        self._tp_await_sched: set[str] = set()
+        ktc = vllm_config.kv_transfer_config
+        config = TracedConfig.from_extra_config(ktc.kv_connector_extra_config)
+        self._tp_role = _role_for(ktc.kv_role)
+        self._tp_block_size = int(getattr(vllm_config.cache_config, "block_size", 16) or 16)
+        if not config.enabled:
+            return
+        worker = getattr(self, "connector_worker", None)
+        if worker is not None:  # checked before anything is wrapped
+            version.check_seams(worker, version.WORKER_INSTANCE_SEAMS, type(worker).__name__)
+        try:
+            self._tp_start(config, ktc.engine_id, worker)
+        except Exception:  # tracing off, engine unaffected
+            log.exception("tracedpush: tracing disabled for this connector")
+            self._tp_record = None
+
+    # ------------------------------------------------------------------ setup
+    def _tp_start(self, config: TracedConfig, engine_id: str, worker: Any) -> None:
+        side = "worker" if worker is not None else "scheduler"
+        rank = int(getattr(worker, "tp_rank", 0)) if worker is not None else 0
+        size = int(getattr(worker, "world_size", 1)) if worker is not None else 1
+        service = config.service_for(self._tp_role)
+        try:
+            import vllm
+
+            vllm_version = vllm.__version__
+        except Exception:  # pragma: no cover
+            vllm_version = "unknown"
+        resource = make_resource(
+            service,
+            engine_id,
+            {semconv.RES_VLLM_VERSION: vllm_version, "tracedpush.side": side},
+        )
+        stem = f"{service}-{side}{rank if side == 'worker' else ''}"
+        sink = SpanSink(build_exporters(config.traces_dir, stem))
+        builder_config = BuilderConfig(
+            mode=self._TRACEDPUSH_MODE,
+            role=self._tp_role,
+            side=side,
+            engine_id=engine_id,
+            tp_rank=rank,
+            tp_size=size,
+            stale_after_s=config.stale_after_s,
+        )
+        self._tp_pipeline = Pipeline(
+            builder_config, resource, sink, interval_s=config.interval_ms / 1000
+        )
+        record = self._tp_record = self._tp_pipeline.record
+        if worker is not None:
+            worker.nixl_wrapper = NixlAgentTap(worker.nixl_wrapper, record)
+            self._tp_wrap_handshake(worker, record)
+        log.info(
+            "tracedpush: tracing %s %s (%s) on %s -> %s",
+            self._TRACEDPUSH_MODE,
+            self._tp_role,
+            side,
+            socket.gethostname(),
+            ", ".join(w.name for w in sink.workers) or "no exporter",
+        )
+
+    @staticmethod
+    def _tp_wrap_handshake(worker: Any, record) -> None:
+        original = worker._nixl_handshake
+
+        def _nixl_handshake(host, port, remote_tp_size, expected_engine_id, *args, **kwargs):
+            t0 = time_ns()
+            try:
+                result = original(host, port, remote_tp_size, expected_engine_id, *args, **kwargs)
+            except Exception as e:
+                record((ev.W_HANDSHAKE, t0, time_ns(), expected_engine_id, repr(e)[:300]))
+                raise
+            record((ev.W_HANDSHAKE, t0, time_ns(), expected_engine_id, None))
+            return result
+
+        worker._nixl_handshake = _nixl_handshake
+
+    @property
+    def tracedpush_stats(self) -> dict[str, object] | None:
+        return self._tp_pipeline.stats() if self._tp_pipeline else None
+
+    # --------------------------------------------------------- scheduler side
+    def on_new_request(self, request: Any) -> None:
+        record = self._tp_record
+        if record is not None:
+            try:
+                params = request.kv_transfer_params
+                ctx = params.pop(_KEY, None) if params else None
+                event = (
+                    ev.S_NEW,
+                    time_ns(),
+                    request.request_id,
+                    request.arrival_time,
+                    request.num_prompt_tokens,
+                    ctx.get("traceparent") if isinstance(ctx, dict) else None,
+                )
+                record(event)
+                self._tp_outbox.append(event)
+                self._tp_await_sched.add(request.request_id)
+            except Exception:
+                pass
+        elif request.kv_transfer_params:
+            request.kv_transfer_params.pop(_KEY, None)
+        super().on_new_request(request)  # type: ignore[misc]
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
+        record = self._tp_record
+        if record is not None and num_external_tokens > 0:
+            try:
+                params = request.kv_transfer_params
+                if params and params.get("do_remote_prefill"):
+                    event = (
+                        ev.S_ALLOC,
+                        time_ns(),
+                        request.request_id,
+                        -(-num_external_tokens // self._tp_block_size),
+                        num_external_tokens,
+                        params.get("remote_engine_id", ""),
+                    )
+                    record(event)
+                    self._tp_outbox.append(event)
+            except Exception:
+                pass
+        return super().update_state_after_alloc(request, blocks, num_external_tokens)  # type: ignore[misc]
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        meta = super().build_connector_meta(scheduler_output)  # type: ignore[misc]
+        record = self._tp_record
+        if record is not None:
+            try:
+                waiting = self._tp_await_sched
+                if waiting:
+                    scheduled = scheduler_output.num_scheduled_tokens
+                    hits = [rid for rid in waiting if rid in scheduled]
+                    if hits:
+                        now = time_ns()
+                        for rid in hits:
+                            record((ev.S_SCHEDULED, now, rid))
+                        waiting.difference_update(hits)
+                if self._tp_outbox:
+                    meta.tracedpush_facts = tuple(self._tp_outbox)
+                    self._tp_outbox = []
+            except Exception:
+                pass
+        return meta
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        record = self._tp_record
+        if record is not None:
+            try:
+                if connector_output.finished_recving:
+                    record((ev.S_RECV_DONE, time_ns(), tuple(connector_output.finished_recving)))
+                if connector_output.finished_sending:
+                    record((ev.S_SEND_DONE, time_ns(), tuple(connector_output.finished_sending)))
+            except Exception:
+                pass
+        super().update_connector_output(connector_output)  # type: ignore[misc]
+
+    def _tp_finished(self, request: Any, block_ids: Any) -> None:
+        record = self._tp_record
+        if record is None:
+            return
+        try:
+            n_blocks = sum(len(group) for group in block_ids) if block_ids else 0
+            event = (ev.S_FINISHED, time_ns(), request.request_id, request.status.name, n_blocks)
+            record(event)
+            self._tp_outbox.append(event)
+            self._tp_await_sched.discard(request.request_id)
+        except Exception:
+            pass
+
+    def request_finished(self, request: Any, block_ids: list[int]):
+        self._tp_finished(request, (block_ids,))
+        return super().request_finished(request, block_ids)  # type: ignore[misc]
+
+    def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]):
+        self._tp_finished(request, block_ids)
+        return super().request_finished_all_groups(request, block_ids)  # type: ignore[misc]
+
+    # ------------------------------------------------------------ worker side
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        super().bind_connector_metadata(connector_metadata)  # type: ignore[misc]
+        record = self._tp_record
+        if record is not None:
+            facts = getattr(connector_metadata, "tracedpush_facts", None)
+            if facts:
+                record((ev.W_FACTS, time_ns(), facts))
+
+    def _tp_results(self, sending: Any, recving: Any, failed: Any = ()) -> None:
+        record = self._tp_record
+        if record is not None and (sending or recving or failed):
+            try:
+                record((ev.W_RESULTS, time_ns(), tuple(sending), tuple(recving), tuple(failed)))
+            except Exception:
+                pass
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
+        sending, recving = super().get_finished(finished_req_ids)  # type: ignore[misc]
+        self._tp_results(sending or (), recving or ())
+        return sending, recving
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        results = super().get_transfer_results(finished_req_ids)  # type: ignore[misc]
+        self._tp_results(results.finished_sending, results.finished_recving, results.failed_recving)
+        return results
+
+    def shutdown(self) -> None:
+        try:
+            super().shutdown()  # type: ignore[misc]
+        finally:
+            if self._tp_pipeline is not None:
+                self._tp_pipeline.shutdown()

@@ -1,0 +1,186 @@
+"""`tracedpush console`: serve the Streamlit console on a traces directory or Jaeger.
+
+The app lives in ``console/`` at the top of the repository; ``tracedpush/console`` is a
+symlink to it, so an installed wheel ships it as the ``tracedpush.console`` package and
+this command finds ``app.py`` next to that package wherever tracedpush is installed.
+The command only builds a ``streamlit run`` command line: the app parses the arguments
+after ``--`` itself (``console/source.py``), so ``streamlit run console/app.py -- ...``
+behaves the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+DEFAULT_PORT = 8501
+
+
+def app_path() -> Path:
+    """The console's entry script, from a source checkout or an installed wheel."""
+    import tracedpush.console
+
+    return Path(tracedpush.console.__file__).resolve().parent / "app.py"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--traces", metavar="DIR", help="directory (or one .jsonl file) of tracedpush traces"
+    )
+    source.add_argument(
+        "--jaeger", metavar="URL", help="Jaeger query base URL, e.g. http://localhost:16686"
+    )
+    parser.add_argument(
+        "--service",
+        default=None,
+        help="Jaeger service to search (default: the proxy's, tracedpush-proxy)",
+    )
+    parser.add_argument(
+        "--lookback",
+        default="1h",
+        help="Jaeger: how far back to look, e.g. 15m, 2h (default 1h)",
+    )
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP port (default 8501)")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; 0.0.0.0 to expose it)",
+    )
+
+
+def streamlit_command(
+    app_args: list[str], *, port: int = DEFAULT_PORT, host: str = "127.0.0.1"
+) -> list[str]:
+    """`python -m streamlit run` in headless mode: no browser, no telemetry, no reloader."""
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(app_path()),
+        "--server.headless=true",
+        f"--server.port={port}",
+        f"--server.address={host}",
+        "--server.fileWatcherType=none",
+        "--server.runOnSave=false",
+        "--browser.gatherUsageStats=false",
+        "--global.developmentMode=false",
+        "--client.toolbarMode=minimal",
+        "--",
+        *app_args,
+    ]
+
+
+def app_arguments(args: argparse.Namespace) -> list[str]:
+    """The arguments the app itself parses (see console/source.py)."""
+    if args.traces:
+        return ["--traces", str(Path(args.traces).expanduser().resolve())]
+    out = ["--jaeger", args.jaeger, "--lookback", args.lookback]
+    if args.service:
+        out += ["--service", args.service]
+    return out
+
+
+def _serve(app_args: list[str], port: int, host: str) -> int:
+    try:
+        import streamlit  # noqa: F401
+    except ImportError:
+        print(
+            "tracedpush console needs the console extra: pip install 'tracedpush[console]'",
+            file=sys.stderr,
+        )
+        return 2
+    shown = "localhost" if host in ("127.0.0.1", "0.0.0.0") else host
+    print(f"tracedpush console: http://{shown}:{port}  (Ctrl-C to stop)", flush=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(streamlit_command(app_args, port=port, host=host), env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        return 130
+
+
+def serve(
+    traces_dir: str | os.PathLike[str], port: int = DEFAULT_PORT, host: str = "127.0.0.1"
+) -> int:
+    """Serve the console on a traces directory until Ctrl-C (`tracedpush demo` ends here)."""
+    return _serve(["--traces", str(Path(traces_dir).expanduser().resolve())], port, host)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class ConsoleServer:
+    """The console in a background process on a free port (tests, benchmarks)::
+
+    with ConsoleServer(["--traces", "traces/"]) as server:
+        server.url  # http://127.0.0.1:PORT, healthy
+    """
+
+    def __init__(
+        self,
+        app_args: list[str],
+        *,
+        port: int | None = None,
+        log_path: str | os.PathLike[str] | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        self.app_args = app_args
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(log_path) if log_path else None
+        self.timeout = timeout
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> ConsoleServer:
+        out = self.log_path.open("wb") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(
+            streamlit_command(self.app_args, port=self.port),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"streamlit exited with {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.2)
+        self.__exit__(None, None, None)
+        raise TimeoutError(f"the console did not answer on {self.url} in {self.timeout} s")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.traces and not Path(args.traces).expanduser().exists():
+        # Still serve: the app says so and picks the traces up once they appear.
+        print(f"note: {args.traces} does not exist yet", file=sys.stderr)
+    return _serve(app_arguments(args), args.port, args.host)

@@ -1,0 +1,200 @@
+"""`tracedpush up`: run a local prefill/decode pair and the proxy until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from tracedpush.launcher.deployment import Deployment, DeploymentConfig, default_run_dir
+from tracedpush.launcher.processes import LaunchError, tail
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(name, default)
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Launch a local P/D deployment: vLLM prefill engine(s) and decode engine(s), each "
+        "pinned to its own CPU core with its own NIXL side-channel port, then the "
+        "tracedpush proxy in front of them. Runs until Ctrl-C or SIGTERM, then stops "
+        "every process it started and checks that no port stays bound."
+    )
+    parser.epilog = (
+        "Example: tracedpush up --mode push, then point any OpenAI client at "
+        "http://127.0.0.1:8000/v1. Each flag also reads the environment variable named "
+        "in its help. See docs/launcher.md."
+    )
+    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    parser.add_argument(
+        "--mode",
+        choices=("push", "pull"),
+        default=_env("TRACEDPUSH_MODE", "push"),
+        help="KV handoff: push (P WRITEs into D's blocks, NixlPushConnector) or pull "
+        "(D READs from P, NixlConnector) [TRACEDPUSH_MODE]",
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=_env("TRACEDPUSH_MODEL"),
+        help="model directory to serve; default: the tiny local Qwen2 model, built if "
+        "absent (see `tracedpush model`) [TRACEDPUSH_MODEL]",
+    )
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=_env("TRACEDPUSH_RUN_DIR"),
+        help="where prefill.log, decode.log, proxy.log go; default ./runs/<timestamp>-<mode> "
+        "[TRACEDPUSH_RUN_DIR]",
+    )
+    parser.add_argument(
+        "--traces",
+        type=Path,
+        default=_env("TRACEDPUSH_TRACES_DIR"),
+        help="directory for OTLP JSON-lines trace files; default <run-dir>/traces "
+        "[TRACEDPUSH_TRACES_DIR]",
+    )
+    parser.add_argument(
+        "--no-trace",
+        action="store_true",
+        help="run vLLM's own (untraced) connectors and no trace context in the proxy, for "
+        "comparison",
+    )
+    parser.add_argument(
+        "--host",
+        default=_env("TRACEDPUSH_HOST", "127.0.0.1"),
+        help="bind address of every process [TRACEDPUSH_HOST]",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=_env_int("TRACEDPUSH_PORT", 8000),
+        help="proxy port [TRACEDPUSH_PORT]",
+    )
+    parser.add_argument(
+        "--prefill-port",
+        type=int,
+        default=_env_int("TRACEDPUSH_PREFILL_PORT", 8100),
+        help="first prefill engine's HTTP port; the i-th uses +i [TRACEDPUSH_PREFILL_PORT]",
+    )
+    parser.add_argument(
+        "--decode-port",
+        type=int,
+        default=_env_int("TRACEDPUSH_DECODE_PORT", 8200),
+        help="first decode engine's HTTP port; the i-th uses +i [TRACEDPUSH_DECODE_PORT]",
+    )
+    parser.add_argument(
+        "--prefill-side-channel-port",
+        type=int,
+        default=_env_int("TRACEDPUSH_PREFILL_SIDE_CHANNEL_PORT", 5600),
+        help="first prefill engine's NIXL side-channel port (+i) "
+        "[TRACEDPUSH_PREFILL_SIDE_CHANNEL_PORT]",
+    )
+    parser.add_argument(
+        "--decode-side-channel-port",
+        type=int,
+        default=_env_int("TRACEDPUSH_DECODE_SIDE_CHANNEL_PORT", 5700),
+        help="first decode engine's NIXL side-channel port (+i) "
+        "[TRACEDPUSH_DECODE_SIDE_CHANNEL_PORT]",
+    )
+    parser.add_argument("--num-prefill", type=int, default=1, help="prefill engines (xPyD)")
+    parser.add_argument("--num-decode", type=int, default=1, help="decode engines (xPyD)")
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=4096,
+        help="vLLM --max-model-len (capped by the model's own limit)",
+    )
+    parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=420.0,
+        help="seconds to wait for the engines to become healthy",
+    )
+    parser.add_argument(
+        "--no-proxy",
+        action="store_true",
+        help="start only the engines (drive them with your own router)",
+    )
+    parser.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for every vLLM command line (repeat; use --engine-arg=--flag)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> DeploymentConfig:
+    run_dir = args.run_dir or default_run_dir(args.mode)
+    return DeploymentConfig(
+        mode=args.mode,
+        model=args.model,
+        run_dir=run_dir,
+        traces_dir=args.traces,
+        trace=not args.no_trace,
+        host=args.host,
+        proxy_port=args.port,
+        prefill_port=args.prefill_port,
+        decode_port=args.decode_port,
+        prefill_side_channel_port=args.prefill_side_channel_port,
+        decode_side_channel_port=args.decode_side_channel_port,
+        num_prefill=args.num_prefill,
+        num_decode=args.num_decode,
+        max_model_len=args.max_model_len,
+        startup_timeout=args.startup_timeout,
+        start_proxy=not args.no_proxy,
+        engine_args=tuple(args.engine_arg),
+    )
+
+
+class _Stop(BaseException):
+    """Raised in the main thread by SIGTERM so `with Deployment` unwinds and tears down."""
+
+
+def _on_sigterm(signum: int, _frame: object) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+def _watch(deployment: Deployment) -> None:
+    while True:
+        time.sleep(2.0)
+        for p in deployment.processes:
+            if not p.alive():
+                code = p.popen.returncode if p.popen else None
+                print(
+                    f"tracedpush up: {p.name} exited unexpectedly (code {code})"
+                    f"; last lines of {p.log_path}:\n{tail(p.log_path)}",
+                    file=sys.stderr,
+                )
+                return
+
+
+def run(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _on_sigterm)  # SIGINT already raises KeyboardInterrupt
+    deployment = None
+    try:
+        deployment = Deployment(config_from_args(args))
+        with deployment:
+            width = max(len(k) for k in deployment.urls())
+            print("\ntracedpush is up:", flush=True)
+            for name, url in deployment.urls().items():
+                print(f"  {name:<{width}}  {url}", flush=True)
+            print("Press Ctrl-C to stop.\n", flush=True)
+            _watch(deployment)  # until a signal unwinds us, or a process dies
+            return 1
+    except (KeyboardInterrupt, _Stop):
+        pass
+    except LaunchError as e:
+        print(f"tracedpush up: {e}", file=sys.stderr)
+        return 1
+    report = deployment.teardown if deployment else None
+    return 0 if report is None or report.clean else 1

@@ -1,0 +1,378 @@
+"""A local P/D deployment (vLLM prefill + decode engines and our proxy) as a context manager.
+
+The one Python API that `tracedpush up`, `tracedpush demo`, the e2e fixtures and the
+benchmarks share, so all of them run the exact same processes::
+
+    with Deployment(DeploymentConfig(mode="push", run_dir=Path("runs/x"))) as d:
+        requests.post(d.proxy_url + "/v1/completions", ...)
+
+Entering starts the engines in parallel (each pinned to its own core), waits until they
+are healthy, then starts the proxy with P's NIXL coordinates. Leaving stops everything and
+records a TeardownReport (leftover processes, ports still bound) in ``.teardown``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from tracedpush.launcher import servers
+from tracedpush.launcher.processes import (
+    EnginesLock,
+    LaunchError,
+    ManagedProcess,
+    TeardownReport,
+    busy_ports,
+    http_ok,
+    session_members,
+    stop_all,
+    tail,
+    wait_healthy,
+)
+from tracedpush.launcher.servers import EngineSpec, Mode
+
+Log = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(f"[tracedpush] {msg}", file=sys.stderr, flush=True)
+
+
+def default_run_dir(mode: str, root: Path | str = "runs") -> Path:
+    return Path(root) / f"{time.strftime('%Y%m%d-%H%M%S')}-{mode}"
+
+
+@dataclass
+class DeploymentConfig:
+    """Everything that decides what runs. Defaults are the documented 1P1D topology."""
+
+    mode: Mode
+    model: Path | None = None  # None: the tiny model, built if absent
+    run_dir: Path | None = None  # None: ./runs/<timestamp>-<mode>
+    traces_dir: Path | None = None  # None: <run_dir>/traces
+    trace: bool = True  # False: vLLM's untraced connectors
+    host: str = "127.0.0.1"
+    proxy_port: int = 8000
+    prefill_port: int = 8100  # the i-th prefill engine listens on prefill_port + i
+    decode_port: int = 8200
+    prefill_side_channel_port: int = 5600
+    decode_side_channel_port: int = 5700
+    num_prefill: int = 1
+    num_decode: int = 1
+    max_model_len: int = 4096  # ~3000-token prompts plus output
+    served_model_name: str | None = None  # None: the model directory's name
+    startup_timeout: float = 420.0
+    stop_grace: float = 15.0
+    engine_args: tuple[str, ...] = ()  # appended to every vLLM command line
+    proxy_args: tuple[str, ...] = ()
+    start_proxy: bool = True
+    env: dict[str, str] = field(default_factory=dict)  # extra env for every process
+
+
+def _resolve(config: DeploymentConfig, log: Log) -> DeploymentConfig:
+    if config.mode not in ("push", "pull"):
+        raise ValueError(f"mode must be 'push' or 'pull', not {config.mode!r}")
+    if config.num_prefill < 1 or config.num_decode < 1:
+        raise ValueError("need at least one prefill and one decode engine")
+    if config.trace and not servers.traced_connectors_available():
+        raise LaunchError(
+            f"{servers.TRACED_CONNECTOR_MODULE} is not importable, so the engines cannot load "
+            "the traced connectors; run untraced (--no-trace / trace=False)"
+        )
+    model = config.model
+    if model is None:
+        from tracedpush.model.build import ensure_model
+
+        model = ensure_model(log=log)
+    model = Path(model).expanduser().absolute()
+    if not (model / "config.json").exists():
+        raise LaunchError(f"{model} is not a model directory (no config.json)")
+    run_dir = Path(config.run_dir or default_run_dir(config.mode)).absolute()
+    traces_dir = Path(config.traces_dir or run_dir / "traces").absolute()
+    return replace(
+        config,
+        model=model,
+        run_dir=run_dir,
+        traces_dir=traces_dir,
+        served_model_name=config.served_model_name or model.name,
+        max_model_len=servers.model_max_len(model, config.max_model_len),
+    )
+
+
+class Deployment:
+    """Local 1P1D (or xPyD) deployment; see the module docstring."""
+
+    def __init__(
+        self, config: DeploymentConfig, log: Log | None = _stderr, lock: bool = True
+    ) -> None:
+        self.log: Log = log or (lambda _msg: None)
+        self.config = _resolve(config, self.log)
+        self._lock = EnginesLock(on_wait=self.log) if lock else None
+        self._locked = False
+        self.processes: list[ManagedProcess] = []
+        self.teardown: TeardownReport | None = None
+        self.startup_seconds: float | None = None
+        c = self.config
+        ncpu = os.cpu_count() or 1
+        self.prefills = [
+            EngineSpec(
+                "prefill",
+                i,
+                c.host,
+                c.prefill_port + i,
+                c.prefill_side_channel_port + i,
+                str(i % ncpu),
+            )
+            for i in range(c.num_prefill)
+        ]
+        self.decodes = [
+            EngineSpec(
+                "decode",
+                i,
+                c.host,
+                c.decode_port + i,
+                c.decode_side_channel_port + i,
+                str((c.num_prefill + i) % ncpu),
+            )
+            for i in range(c.num_decode)
+        ]
+
+    # ------------------------------------------------------------------- addresses
+    @property
+    def mode(self) -> Mode:
+        return self.config.mode
+
+    @property
+    def engines(self) -> list[EngineSpec]:
+        return self.prefills + self.decodes
+
+    @property
+    def proxy_url(self) -> str:
+        return f"http://{self.config.host}:{self.config.proxy_port}"
+
+    @property
+    def prefill_url(self) -> str:
+        return self.prefills[0].url
+
+    @property
+    def decode_url(self) -> str:
+        return self.decodes[0].url
+
+    @property
+    def prefill_urls(self) -> list[str]:
+        return [e.url for e in self.prefills]
+
+    @property
+    def decode_urls(self) -> list[str]:
+        return [e.url for e in self.decodes]
+
+    @property
+    def model(self) -> Path:
+        assert self.config.model is not None
+        return self.config.model
+
+    @property
+    def model_name(self) -> str:
+        """The name clients put in ``"model"`` (vLLM's --served-model-name)."""
+        assert self.config.served_model_name is not None
+        return self.config.served_model_name
+
+    @property
+    def run_dir(self) -> Path:
+        assert self.config.run_dir is not None
+        return self.config.run_dir
+
+    @property
+    def traces_dir(self) -> Path:
+        assert self.config.traces_dir is not None
+        return self.config.traces_dir
+
+    @property
+    def logs(self) -> dict[str, Path]:
+        """Log file per process name (prefill, decode, proxy; prefill-1... for xPyD)."""
+        names = [e.name for e in self.engines]
+        if self.config.start_proxy:
+            names.append("proxy")
+        return {n: self.run_dir / f"{n}.log" for n in names}
+
+    def ports(self) -> dict[int, str]:
+        """Every port this deployment binds -> what binds it."""
+        ports = {}
+        for e in self.engines:
+            ports[e.port] = f"{e.name} HTTP"
+            ports[e.side_channel_port] = f"{e.name} NIXL side channel"
+        if self.config.start_proxy:
+            ports[self.config.proxy_port] = "proxy"
+        return ports
+
+    def urls(self) -> dict[str, str]:
+        """What `tracedpush up` prints."""
+        out = {}
+        if self.config.start_proxy:
+            out["proxy (OpenAI API)"] = f"{self.proxy_url}/v1"
+        for e in self.engines:
+            out[e.name] = e.url
+            out[f"{e.name} metrics"] = f"{e.url}/metrics"
+        out["run dir (logs)"] = str(self.run_dir)
+        out["traces dir"] = str(self.traces_dir) if self.config.trace else "(tracing off)"
+        return out
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> Deployment:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> Deployment:
+        """Start engines, wait for health, start the proxy. On any failure stop all."""
+        if self._lock and not self._locked:
+            self._lock.acquire()
+            self._locked = True
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        c = self.config
+        busy = busy_ports(self.ports())
+        if busy:
+            names = ", ".join(f"{p} ({self.ports()[p]})" for p in busy)
+            raise LaunchError(
+                f"port already in use: {names}. Stop whatever listens there "
+                f"(`ss -ltnp | grep :{busy[0]}`) or choose other ports."
+            )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if c.trace:
+            self.traces_dir.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        self.log(
+            f"starting {c.num_prefill}P{c.num_decode}D in {c.mode} mode "
+            f"({'traced' if c.trace else 'untraced'} connectors), model {self.model}"
+        )
+        engines: list[ManagedProcess] = []
+        for e in self.engines:
+            argv = servers.engine_argv(
+                c.mode,
+                e,
+                self.model,
+                self.model_name,
+                c.max_model_len,
+                c.trace,
+                self.traces_dir if c.trace else None,
+                c.engine_args,
+            )
+            proc = ManagedProcess(
+                e.name,
+                argv,
+                self.logs[e.name],
+                ports=(e.port, e.side_channel_port),
+                health_url=f"{e.url}/health",
+            )
+            proc.start({**servers.engine_env(e), **c.env}, cwd=self.run_dir)
+            self.processes.append(proc)
+            engines.append(proc)
+            self.log(
+                f"{e.name}: pid {proc.pid}, {e.url}, core {e.cpus}, "
+                f"NIXL side channel {e.host}:{e.side_channel_port}, log {proc.log_path}"
+            )
+        wait_healthy(engines, c.startup_timeout, self._progress(t0))
+        self.log(f"engines healthy after {time.monotonic() - t0:.0f}s")
+        if c.start_proxy:
+            argv = servers.proxy_argv(
+                c.mode,
+                self.prefills,
+                self.decodes,
+                c.host,
+                c.proxy_port,
+                self.traces_dir if c.trace else None,
+                c.proxy_args,
+            )
+            proxy = ManagedProcess(
+                "proxy",
+                argv,
+                self.logs["proxy"],
+                ports=(c.proxy_port,),
+                health_url=f"{self.proxy_url}/health",
+            )
+            proxy.start({**servers.common_env(), **c.env}, cwd=self.run_dir)
+            self.processes.append(proxy)
+            self.log(f"proxy: pid {proxy.pid}, {self.proxy_url}, log {proxy.log_path}")
+            wait_healthy([proxy], 60.0, self._progress(t0))
+        self.startup_seconds = time.monotonic() - t0
+        self.log(f"ready after {self.startup_seconds:.0f}s")
+
+    def _progress(self, t0: float) -> Callable[[float, list[str]], None]:
+        last = [0.0]
+
+        def report(_elapsed: float, pending: list[str]) -> None:
+            now = time.monotonic() - t0
+            if now - last[0] < 5.0:
+                return
+            last[0] = now
+            what = []
+            for name in pending:
+                line = tail(self.logs[name], 1).strip()
+                what.append(f"{name} ({line[-70:]})" if line else name)
+            self.log(f"[{now:4.0f}s] still starting: " + "; ".join(what))
+
+        return report
+
+    def member_pids(self) -> list[int]:
+        """Every live process in the sessions this deployment started (servers + children)."""
+        return session_members({p.pid for p in self.processes if p.pid})
+
+    def healthy(self) -> dict[str, bool]:
+        """Per-process health right now (process alive and /health answers 200)."""
+        return {
+            p.name: p.alive() and (p.health_url is None or http_ok(p.health_url))
+            for p in self.processes
+        }
+
+    def stop(self) -> TeardownReport:
+        """Stop every process this deployment started; safe to call twice."""
+        if self.teardown is not None and not self.processes:
+            return self.teardown
+        blocked = _block_signals()
+        try:
+            if self.processes:
+                self.log("stopping " + ", ".join(p.name for p in self.processes))
+            report = stop_all(self.processes, grace=self.config.stop_grace, log=self.log)
+            self.processes = []
+            self.teardown = report
+            if report.clean:
+                self.log(f"stopped in {report.seconds:.1f}s; no process left, ports free")
+            else:
+                self.log(
+                    f"teardown NOT clean: leftover pids {report.leftover_pids}, "
+                    f"ports still bound {report.bound_ports}"
+                )
+            return report
+        finally:
+            if self._locked and self._lock:
+                self._lock.release()
+                self._locked = False
+            _unblock_signals(blocked)
+
+
+def _block_signals() -> bool:
+    """Hold off Ctrl-C / SIGTERM while tearing down, so a second one cannot orphan children."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    return True
+
+
+def _unblock_signals(blocked: bool) -> None:
+    if blocked:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})

@@ -1,0 +1,314 @@
+"""Child processes the launcher owns: start, wait for health, stop without leftovers.
+
+Each server runs in its own session (``start_new_session``) so one ``killpg`` reaches
+the server and every helper process it forks (vLLM's EngineCore and worker processes).
+``PR_SET_PDEATHSIG`` is set in each child as a backstop: if the launcher dies without
+tearing down (even SIGKILL), the kernel sends the child SIGTERM. Teardown then checks
+what really happened: no process left in any session we created, no port still bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+DEFAULT_LOCK_PATH = "/tmp/tracedpush-engines.lock"
+
+
+class LaunchError(RuntimeError):
+    """A server failed to start; the message names it and carries the tail of its log."""
+
+
+# ---------------------------------------------------------------------------- ports
+
+
+def port_in_use(port: int, host: str = "0.0.0.0") -> bool:
+    """True if something listens on ``port`` (a bind with SO_REUSEADDR, as servers do, fails).
+
+    SO_REUSEADDR makes TIME_WAIT leftovers of closed connections not count: they do not
+    stop a restarted server from binding either.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno in (errno.EADDRINUSE, errno.EACCES):
+                return True
+            raise
+    return False
+
+
+def busy_ports(ports: Iterable[int]) -> list[int]:
+    return [p for p in ports if port_in_use(p)]
+
+
+def wait_ports_free(ports: Iterable[int], timeout: float = 10.0) -> list[int]:
+    """Wait until every port is free; return the ones still bound at the deadline."""
+    ports = list(ports)
+    deadline = time.monotonic() + timeout
+    while True:
+        busy = busy_ports(ports)
+        if not busy or time.monotonic() >= deadline:
+            return busy
+        time.sleep(0.2)
+
+
+# ------------------------------------------------------------------- engines lock
+
+
+class EnginesLock:
+    """Process-wide, re-entrant exclusive lock on the file every engine launch shares.
+
+    Two vLLM pairs on a 2-core machine starve each other, and fixed ports collide, so
+    whoever launches real engines (tests, `tracedpush up`, benchmarks) holds this lock.
+    Re-entrant inside one process so a test session can hold it while the Deployments it
+    creates take it again. ``flock`` in a shell script interoperates.
+    """
+
+    _guard = threading.Lock()
+    _fd: int | None = None
+    _depth = 0
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        on_wait: Callable[[str], None] | None = None,
+    ) -> None:
+        self.path = str(path or os.environ.get("TRACEDPUSH_ENGINES_LOCK", DEFAULT_LOCK_PATH))
+        self.on_wait = on_wait
+
+    def acquire(self) -> None:
+        cls = type(self)
+        with cls._guard:
+            if cls._fd is not None:
+                cls._depth += 1
+                return
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if self.on_wait:
+                    self.on_wait(f"waiting for {self.path}: another run holds the engines")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            cls._fd, cls._depth = fd, 1
+
+    def release(self) -> None:
+        cls = type(self)
+        with cls._guard:
+            if cls._fd is None:
+                return
+            cls._depth -= 1
+            if cls._depth == 0:
+                fcntl.flock(cls._fd, fcntl.LOCK_UN)
+                os.close(cls._fd)
+                cls._fd = None
+
+    def __enter__(self) -> EnginesLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# -------------------------------------------------------------------------- children
+
+
+def _child_setup() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    # If the launcher already died between fork and prctl, nobody will signal us.
+    if os.getppid() == 1:
+        os._exit(1)
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """Last lines of a log file (best effort, for error messages)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode("utf-8", "replace")
+    except OSError as e:
+        return f"<cannot read {path}: {e}>"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class ManagedProcess:
+    """One server we started: its session, log and the ports it must release."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    ports: tuple[int, ...] = ()
+    health_url: str | None = None
+    popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen else None
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def start(self, env: Mapping[str, str], cwd: str | os.PathLike[str] | None = None) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"# {time.strftime('%F %T')} {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self.popen = subprocess.Popen(
+                self.argv,
+                env=dict(env),
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_child_setup,
+            )
+
+    def failure(self, why: str) -> LaunchError:
+        return LaunchError(
+            f"{self.name} failed to start: {why}\n"
+            f"--- last lines of {self.log_path} ---\n{tail(self.log_path)}"
+        )
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return 200 <= resp.status < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def wait_healthy(
+    procs: Sequence[ManagedProcess],
+    timeout: float,
+    progress: Callable[[float, list[str]], None] | None = None,
+    interval: float = 1.0,
+) -> float:
+    """Poll every process's health URL until all answer 200; return the seconds waited.
+
+    Raises LaunchError naming the first process that exits or is still not healthy at the
+    deadline. ``progress(elapsed, still_starting)`` is called about once per interval.
+    """
+    t0 = time.monotonic()
+    pending = [p for p in procs if p.health_url]
+    while pending:
+        elapsed = time.monotonic() - t0
+        for p in list(pending):
+            if not p.alive():
+                code = p.popen.returncode if p.popen else None
+                raise p.failure(f"exited with code {code} after {elapsed:.0f}s")
+            if http_ok(p.health_url or ""):
+                pending.remove(p)
+        if not pending:
+            break
+        if elapsed > timeout:
+            raise pending[0].failure(f"not healthy after {timeout:.0f}s ({pending[0].health_url})")
+        if progress:
+            progress(elapsed, [p.name for p in pending])
+        time.sleep(interval)
+    return time.monotonic() - t0
+
+
+# ------------------------------------------------------------------------- teardown
+
+
+def session_members(sids: set[int]) -> list[int]:
+    """PIDs of live processes whose session id is one of ``sids`` (zombies excluded)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read().decode("ascii", "replace")
+        except OSError:
+            continue
+        # Fields after the parenthesised command: state ppid pgrp session ...
+        rest = stat.rsplit(")", 1)[-1].split()
+        if len(rest) >= 4 and rest[0] != "Z" and int(rest[3]) in sids:
+            found.append(int(entry.name))
+    return found
+
+
+@dataclass
+class TeardownReport:
+    """What stop() found afterwards: must be empty lists for a clean teardown."""
+
+    leftover_pids: list[int]
+    bound_ports: list[int]
+    seconds: float
+    killed: list[str]  # names of processes that needed SIGKILL
+
+    @property
+    def clean(self) -> bool:
+        return not self.leftover_pids and not self.bound_ports
+
+
+def stop_all(
+    procs: Sequence[ManagedProcess],
+    grace: float = 15.0,
+    port_timeout: float = 10.0,
+    log: Callable[[str], None] | None = None,
+) -> TeardownReport:
+    """SIGTERM every process group, SIGKILL what is left after ``grace``, reap, verify.
+
+    Signals go to whole sessions, so vLLM's EngineCore/worker children are included.
+    """
+    t0 = time.monotonic()
+    started = [p for p in procs if p.popen is not None]
+    sids = {p.popen.pid for p in started if p.popen}
+    for p in started:
+        if p.alive() and log:
+            log(f"stopping {p.name} (pid {p.pid})")
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid or 0, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        for p in started:
+            if p.popen:
+                p.popen.poll()
+        if not session_members(sids):
+            break
+        time.sleep(0.2)
+    killed = []
+    for p in started:
+        if not session_members({p.pid or -1}):
+            continue
+        killed.append(p.name)
+        if log:
+            log(f"{p.name} still running {grace:.0f}s after SIGTERM: SIGKILL")
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid or 0, signal.SIGKILL)
+    for p in started:
+        if p.popen:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.popen.wait(timeout=5)
+    # Members that left the group (setpgid) but not the session are still found here.
+    for pid in session_members(sids):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    time.sleep(0.1)
+    leftovers = session_members(sids)
+    ports = [port for p in started for port in p.ports]
+    bound = wait_ports_free(ports, timeout=port_timeout)
+    return TeardownReport(leftovers, bound, time.monotonic() - t0, killed)

@@ -1,0 +1,223 @@
+"""Command lines and environments of the processes in a local P/D deployment.
+
+Pure functions, no side effects: what `tracedpush up` runs is inspectable (and unit
+tested) without starting anything. The settings are the ones verified on 2-core CPU
+machines (docs/launcher.md explains each).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from tracedpush import semconv
+
+Mode = Literal["push", "pull"]
+Role = Literal["prefill", "decode"]
+
+# vLLM's own connector class names; ours in tracedpush.connector carry the same names.
+CONNECTOR_CLASS: dict[str, str] = {"push": "NixlPushConnector", "pull": "NixlConnector"}
+TRACED_CONNECTOR_MODULE = "tracedpush.connector"
+KV_ROLE: dict[str, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
+SERVICE_NAME: dict[str, str] = {
+    "prefill": semconv.SERVICE_PREFILL,
+    "decode": semconv.SERVICE_DECODE,
+}
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One vLLM engine: where it listens and which core it owns."""
+
+    role: Role
+    index: int  # 0-based within its role
+    host: str
+    port: int  # OpenAI HTTP port
+    side_channel_port: int  # NIXL handshake (ZMQ) port
+    cpus: str  # VLLM_CPU_OMP_THREADS_BIND value, e.g. "0"
+
+    @property
+    def name(self) -> str:
+        return self.role if self.index == 0 else f"{self.role}-{self.index}"
+
+    @property
+    def engine_id(self) -> str:
+        return f"{self.role}-engine-{self.index + 1:03d}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def coordinates(self) -> dict[str, Any]:
+        """P's NIXL coordinates, as a push-mode decode request needs them."""
+        return {
+            "engine_id": self.engine_id,
+            "host": self.host,
+            "port": self.side_channel_port,
+            "tp_size": 1,
+            "pp_size": 1,
+        }
+
+
+def kv_transfer_config(
+    mode: Mode, spec: EngineSpec, trace: bool, traces_dir: Path | None
+) -> dict[str, Any]:
+    """The --kv-transfer-config of one engine (traced connectors unless trace=False)."""
+    extra: dict[str, Any] = {"backends": ["UCX"]}
+    config: dict[str, Any] = {
+        "kv_connector": CONNECTOR_CLASS[mode],
+        "kv_buffer_device": "cpu",
+        "kv_role": KV_ROLE[spec.role],
+        "engine_id": spec.engine_id,
+        "kv_connector_extra_config": extra,
+    }
+    if trace:
+        config["kv_connector_module_path"] = TRACED_CONNECTOR_MODULE
+        settings: dict[str, Any] = {"service_name": SERVICE_NAME[spec.role]}
+        if traces_dir is not None:
+            settings["traces_dir"] = str(traces_dir)
+        extra["tracedpush"] = settings
+    return config
+
+
+def engine_argv(
+    mode: Mode,
+    spec: EngineSpec,
+    model: Path,
+    served_model_name: str,
+    max_model_len: int,
+    trace: bool,
+    traces_dir: Path | None,
+    extra_args: tuple[str, ...] = (),
+    python: str = sys.executable,
+) -> list[str]:
+    # `python -m` because the `vllm` console script fails under the vllm-cpu distribution.
+    return [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        served_model_name,
+        "--host",
+        spec.host,
+        "--port",
+        str(spec.port),
+        "--max-model-len",
+        str(max_model_len),
+        "--enforce-eager",  # ~45 s startup instead of ~105 s of torch.compile warm-up
+        "--no-enable-prefix-caching",  # a cache hit on D would hide a missing transfer
+        "--kv-transfer-config",
+        json.dumps(kv_transfer_config(mode, spec, trace, traces_dir), separators=(",", ":")),
+        *extra_args,
+    ]
+
+
+def _with_pythonpath(env: dict[str, str]) -> None:
+    # Engines must import tracedpush.connector even when tracedpush is not pip-installed.
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(PROJECT_ROOT) not in parts:
+        env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *parts])
+
+
+def common_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.update(
+        {
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    _with_pythonpath(env)
+    return env
+
+
+def engine_env(spec: EngineSpec, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = common_env(base)
+    env.update(
+        {
+            "VLLM_CPU_OMP_THREADS_BIND": spec.cpus,
+            "VLLM_CPU_KVCACHE_SPACE": env.get("TRACEDPUSH_KVCACHE_GIB", "1"),
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": spec.host,
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(spec.side_channel_port),
+        }
+    )
+    return env
+
+
+def model_max_len(model: Path, wanted: int) -> int:
+    """``wanted``, capped by the model's max_position_embeddings when its config says."""
+    try:
+        config = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        return wanted
+    limit = config.get("max_position_embeddings")
+    return min(wanted, int(limit)) if isinstance(limit, int) and limit > 0 else wanted
+
+
+def proxy_flags() -> set[str]:
+    """Option strings `tracedpush proxy` accepts (its parser is the source of truth)."""
+    import argparse
+
+    from tracedpush.proxy import command
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    return {opt for action in parser._actions for opt in action.option_strings}
+
+
+def proxy_argv(
+    mode: Mode,
+    prefills: list[EngineSpec],
+    decodes: list[EngineSpec],
+    host: str,
+    port: int,
+    traces_dir: Path | None,
+    extra_args: tuple[str, ...] = (),
+    python: str = sys.executable,
+    flags: set[str] | None = None,
+) -> list[str]:
+    """`tracedpush proxy` with every engine URL and each P's NIXL coordinates explicit.
+
+    Coordinates ride in the URL fragment (``#engine_id=...,host=...,port=...``) so the
+    proxy sends P and D in parallel from the very first push request.
+    """
+    flags = proxy_flags() if flags is None else flags
+    argv = [python, "-m", "tracedpush", "proxy", "--mode", mode, "--port", str(port)]
+    if "--host" in flags:
+        argv += ["--host", host]
+    for p in prefills:
+        c = p.coordinates()
+        fragment = (
+            f"engine_id={c['engine_id']},host={c['host']},port={c['port']},"
+            f"tp={c['tp_size']},pp={c['pp_size']}"
+        )
+        argv += ["--prefill", f"{p.url}#{fragment}"]
+    for d in decodes:
+        argv += ["--decode", f"{d.url}#engine_id={d.engine_id}"]
+    if traces_dir is not None:
+        if "--traces" in flags:
+            argv += ["--traces", str(traces_dir)]
+    else:  # untraced run: no trace context in kv_transfer_params, no proxy trace files
+        argv += [f for f in ("--no-trace-context", "--no-trace-files") if f in flags]
+    return [*argv, *extra_args]
+
+
+def traced_connectors_available() -> bool:
+    """True if ``tracedpush.connector`` is a real module (checked without importing vLLM)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(TRACED_CONNECTOR_MODULE)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.origin is not None

@@ -1,0 +1,111 @@
+"""The proxy's spans: the root of every request's trace, its two legs, pull's relay.
+
+All work here runs on the proxy's event loop and uses the OpenTelemetry SDK directly
+(a few tens of microseconds per span, negligible next to an HTTP round trip). Names and
+keys come from ``tracedpush.semconv``; docs/spans.md documents them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from tracedpush import __version__, semconv
+from tracedpush.proxy.routing import Instance
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+class ProxySpans:
+    """Starts the proxy's spans on one tracer; knows the W3C propagation format."""
+
+    def __init__(self, provider: TracerProvider | None, mode: str) -> None:
+        provider = provider or trace.get_tracer_provider()
+        self.tracer = provider.get_tracer(semconv.INSTRUMENTATION_SCOPE, __version__)
+        self.mode = mode
+
+    def start_request(
+        self, headers: Mapping[str, str], *, method: str, route: str, start_ns: int
+    ) -> Span:
+        """Root SERVER span; continues the client's ``traceparent`` when it sent one."""
+        parent = _PROPAGATOR.extract(headers)
+        return self.tracer.start_span(
+            semconv.SPAN_REQUEST,
+            context=parent,
+            kind=SpanKind.SERVER,
+            start_time=start_ns,
+            attributes={
+                semconv.MODE: self.mode,
+                semconv.ROLE: "proxy",
+                semconv.HTTP_METHOD: method,
+                semconv.HTTP_ROUTE: route,
+            },
+        )
+
+    def start_leg(
+        self, root: Span, name: str, instance: Instance, start_ns: int | None = None
+    ) -> Span:
+        """A CLIENT span for one engine call (``proxy.prefill`` / ``proxy.decode``)."""
+        attributes: dict[str, Any] = {
+            semconv.MODE: self.mode,
+            semconv.ROLE: "proxy",
+            semconv.UPSTREAM_URL: instance.url,
+            semconv.SERVER_ADDRESS: instance.host,
+            semconv.SERVER_PORT: instance.port,
+        }
+        if instance.engine_id:
+            attributes[semconv.ENGINE_ID] = instance.engine_id
+        return self.tracer.start_span(
+            name,
+            context=trace.set_span_in_context(root),
+            kind=SpanKind.CLIENT,
+            start_time=start_ns,
+            attributes=attributes,
+        )
+
+    def start_relay(self, root: Span, start_ns: int) -> Span:
+        """Pull only: P's answer in hand -> D's request sent."""
+        return self.tracer.start_span(
+            semconv.SPAN_KV_RELAY,
+            context=trace.set_span_in_context(root),
+            kind=SpanKind.INTERNAL,
+            start_time=start_ns,
+            attributes={semconv.MODE: self.mode, semconv.ROLE: "proxy"},
+        )
+
+
+def trace_headers(span: Span) -> dict[str, str]:
+    """W3C headers (``traceparent``, maybe ``tracestate``) naming ``span`` as parent."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+    return carrier
+
+
+def kv_trace_context(span: Span) -> dict[str, str] | None:
+    """The value for ``kv_transfer_params[KV_PARAMS_TRACE_KEY]``; None when not traced."""
+    carrier = trace_headers(span)
+    if "traceparent" not in carrier:
+        return None
+    return {"traceparent": carrier["traceparent"]}
+
+
+def fail(span: Span, error_type: str, description: str) -> None:
+    """Mark a (still open) span failed; the first failure recorded wins."""
+    if span.is_recording() and not _failed(span):
+        span.set_status(Status(StatusCode.ERROR, description))
+        span.set_attribute(semconv.ERROR_TYPE, error_type)
+
+
+def _failed(span: Span) -> bool:
+    attributes = getattr(span, "attributes", None) or {}
+    return semconv.ERROR_TYPE in attributes
+
+
+def end(span: Span, end_ns: int | None = None) -> None:
+    """End ``span`` unless it already ended (several exit paths end a leg)."""
+    if span.is_recording():
+        span.end(end_time=end_ns)

@@ -1,0 +1,189 @@
+"""HTTP calls to the engines, each bounded in time and failing with the leg's name.
+
+Three bounds (docs/proxy.md, "Timeouts"): *connect* (TCP connect to the engine),
+*first byte* (request sent -> response head for a non-streamed leg, -> first SSE
+event for a streamed one: it covers queueing, prefill and, for D, the KV transfer)
+and *total* (the whole client request). Closing an engine connection is how vLLM
+learns to abort the request, so every failure or cancellation closes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import aiohttp
+
+from tracedpush import semconv
+from tracedpush.proxy.errors import UpstreamFailure, upstream_error_message
+from tracedpush.proxy.routing import Instance
+from tracedpush.proxy.sse import EventSplitter
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect: float = 5.0
+    first_byte: float = 300.0
+    total: float = 900.0
+
+
+class UpstreamClient:
+    """Bounded, leg-named requests to engines over one shared aiohttp session."""
+
+    def __init__(
+        self, session: aiohttp.ClientSession, timeouts: Timeouts, *, passive_health: bool = True
+    ) -> None:
+        self.session = session
+        self.timeouts = timeouts
+        self.passive_health = passive_health  # a refused connection marks the instance down
+        self._client_timeout = aiohttp.ClientTimeout(
+            total=None, connect=timeouts.connect, sock_connect=timeouts.connect
+        )
+
+    def deadline(self, now: float | None = None) -> float:
+        loop = asyncio.get_running_loop()
+        return (loop.time() if now is None else now) + self.timeouts.total
+
+    async def bounded(
+        self,
+        aw: Awaitable[T],
+        leg: str,
+        instance: Instance,
+        *,
+        deadline: float,
+        first_byte_at: float | None = None,
+    ) -> T:
+        """Await ``aw`` within the earlier bound; turn any failure into UpstreamFailure."""
+        bound = deadline if first_byte_at is None else min(first_byte_at, deadline)
+        try:
+            async with asyncio.timeout_at(bound):
+                return await aw
+        except aiohttp.ServerTimeoutError:  # aiohttp's own: connect timeout
+            raise UpstreamFailure(
+                leg,
+                f"no connection to {instance.url} within the connect timeout "
+                f"({self.timeouts.connect:g} s)",
+                status=504,
+                error_type=semconv.ERR_UPSTREAM_TIMEOUT,
+            ) from None
+        except TimeoutError:
+            if first_byte_at is not None and first_byte_at < deadline:
+                what = f"no response within the first-byte timeout ({self.timeouts.first_byte:g} s)"
+            else:
+                what = f"request exceeded the total timeout ({self.timeouts.total:g} s)"
+            raise UpstreamFailure(
+                leg,
+                f"{instance.url}: {what}",
+                status=504,
+                error_type=semconv.ERR_UPSTREAM_TIMEOUT,
+            ) from None
+        except aiohttp.ClientConnectorError as exc:
+            if self.passive_health:
+                instance.mark(False, f"connect failed: {exc.os_error or exc}")
+            raise UpstreamFailure(
+                leg, f"cannot connect to {instance.url}: {exc.os_error or exc}"
+            ) from None
+        except aiohttp.ClientError as exc:
+            detail = str(exc) or type(exc).__name__
+            raise UpstreamFailure(leg, f"{instance.url}: {detail}") from None
+
+    async def post(
+        self,
+        leg: str,
+        instance: Instance,
+        path: str,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        *,
+        deadline: float,
+        first_byte_at: float | None = None,
+    ) -> aiohttp.ClientResponse:
+        """Send; return once the response head arrived (status not checked)."""
+        if first_byte_at is None:
+            first_byte_at = asyncio.get_running_loop().time() + self.timeouts.first_byte
+        request = self.session.post(
+            instance.url + path, json=body, headers=headers, timeout=self._client_timeout
+        )
+        return await self.bounded(
+            request, leg, instance, deadline=deadline, first_byte_at=first_byte_at
+        )
+
+    async def get(
+        self, leg: str, instance: Instance, path: str, headers: dict[str, str], *, deadline: float
+    ) -> tuple[int, bytes, str]:
+        first_byte_at = asyncio.get_running_loop().time() + self.timeouts.first_byte
+        request = self.session.get(
+            instance.url + path, headers=headers, timeout=self._client_timeout
+        )
+        resp = await self.bounded(
+            request, leg, instance, deadline=deadline, first_byte_at=first_byte_at
+        )
+        try:
+            raw = await self.bounded(resp.read(), leg, instance, deadline=deadline)
+        finally:
+            resp.close()
+        return resp.status, raw, resp.content_type
+
+    async def read_json(
+        self, leg: str, instance: Instance, resp: aiohttp.ClientResponse, *, deadline: float
+    ) -> tuple[dict[str, Any], bytes]:
+        """Read a whole non-streamed answer; non-200 and non-JSON become failures."""
+        try:
+            raw = await self.bounded(resp.read(), leg, instance, deadline=deadline)
+        except BaseException:
+            resp.close()
+            raise
+        resp.release()
+        if resp.status != 200:
+            raise status_failure(leg, instance, resp.status, raw)
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise UpstreamFailure(
+                leg, f"{instance.url} answered 200 with a body that is not a JSON object"
+            )
+        return data, raw
+
+    async def events(
+        self,
+        leg: str,
+        instance: Instance,
+        resp: aiohttp.ClientResponse,
+        *,
+        deadline: float,
+        first_byte_at: float,
+    ) -> AsyncIterator[bytes]:
+        """Whole SSE events from a streamed answer; the first within the first-byte bound."""
+        splitter = EventSplitter()
+        first: float | None = first_byte_at
+        while True:
+            chunk = await self.bounded(
+                resp.content.readany(), leg, instance, deadline=deadline, first_byte_at=first
+            )
+            if not chunk:
+                rest = splitter.rest()
+                if rest is not None:
+                    yield rest
+                return
+            for event in splitter.feed(chunk):
+                first = None
+                yield event
+
+
+def status_failure(leg: str, instance: Instance, status: int, raw: bytes) -> UpstreamFailure:
+    """An engine's non-200 answer: its own 4xx is relayed, anything else is a 502."""
+    message = upstream_error_message(raw)
+    relay = 400 <= status < 500
+    return UpstreamFailure(
+        leg,
+        f"{instance.url} answered {status}: {message}",
+        status=status if relay else 502,
+        upstream_status=status,
+    )

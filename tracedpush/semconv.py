@@ -1,0 +1,144 @@
+"""The span contract: every span name and attribute key tracedpush emits.
+
+This is the one module that owns them (like OpenTelemetry's semantic-convention
+packages). Producers (connector, proxy) and consumers (analysis, console) import the
+constants from here; docs/spans.md documents each one. Renaming anything here is a
+breaking change for users' Jaeger queries.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --------------------------------------------------------------------------- services
+SERVICE_PROXY: Final = "tracedpush-proxy"
+SERVICE_PREFILL: Final = "vllm-prefill"
+SERVICE_DECODE: Final = "vllm-decode"
+
+INSTRUMENTATION_SCOPE: Final = "tracedpush"
+
+# ------------------------------------------------------------------------------ spans
+# proxy
+SPAN_REQUEST: Final = "tracedpush.request"  # root, SERVER: proxy receipt -> response done
+SPAN_PROXY_PREFILL: Final = "proxy.prefill"  # CLIENT: request to P -> P's response done
+SPAN_PROXY_DECODE: Final = "proxy.decode"  # CLIENT: request to D -> D's stream done
+SPAN_KV_RELAY: Final = "kv.relay"  # pull: P's response in hand -> D's request sent
+
+# engines (scheduler side)
+SPAN_PREFILL: Final = "prefill"  # P: request arrival -> request finished
+SPAN_DECODE: Final = "decode"  # D: request arrival -> first token scheduled
+
+# KV transfer phases
+SPAN_KV_REGISTER: Final = "kv.register"  # push, D: blocks allocated -> registration sent
+SPAN_KV_RENDEZVOUS: Final = "kv.rendezvous"  # push, P: first of {reg, prefill done} -> second
+SPAN_KV_HANDSHAKE: Final = "kv.handshake"  # either mode: NIXL agent handshake
+SPAN_KV_DESC_PREP: Final = "kv.desc_prep"  # descriptor prep (P in push, D in pull)
+SPAN_KV_WRITE: Final = "kv.write"  # push, P: WRITE posted -> completion observed
+SPAN_KV_READ: Final = "kv.read"  # pull, D: READ posted -> completion observed
+SPAN_KV_NOTIFY: Final = "kv.notify"  # first -> last expected completion notification
+
+PROXY_SPANS: Final = (SPAN_REQUEST, SPAN_PROXY_PREFILL, SPAN_PROXY_DECODE, SPAN_KV_RELAY)
+ENGINE_SPANS: Final = (SPAN_PREFILL, SPAN_DECODE)
+KV_SPANS: Final = (
+    SPAN_KV_REGISTER,
+    SPAN_KV_RENDEZVOUS,
+    SPAN_KV_HANDSHAKE,
+    SPAN_KV_DESC_PREP,
+    SPAN_KV_WRITE,
+    SPAN_KV_READ,
+    SPAN_KV_NOTIFY,
+)
+ALL_SPANS: Final = PROXY_SPANS + ENGINE_SPANS + KV_SPANS
+
+# Spans every complete request has, per mode (kv.handshake only when one happens).
+REQUIRED_SPANS: Final = {
+    "push": (
+        SPAN_REQUEST,
+        SPAN_PROXY_PREFILL,
+        SPAN_PROXY_DECODE,
+        SPAN_PREFILL,
+        SPAN_DECODE,
+        SPAN_KV_REGISTER,
+        SPAN_KV_RENDEZVOUS,
+        SPAN_KV_DESC_PREP,
+        SPAN_KV_WRITE,
+        SPAN_KV_NOTIFY,
+    ),
+    "pull": (
+        SPAN_REQUEST,
+        SPAN_PROXY_PREFILL,
+        SPAN_PROXY_DECODE,
+        SPAN_KV_RELAY,
+        SPAN_PREFILL,
+        SPAN_DECODE,
+        SPAN_KV_DESC_PREP,
+        SPAN_KV_READ,
+        SPAN_KV_NOTIFY,
+    ),
+}
+
+# ---------------------------------------------------------------- resource attributes
+# (standard OpenTelemetry resource keys)
+RES_SERVICE_NAME: Final = "service.name"
+RES_SERVICE_INSTANCE_ID: Final = "service.instance.id"  # engine id, or proxy host:port
+RES_HOST_NAME: Final = "host.name"
+RES_PROCESS_PID: Final = "process.pid"
+RES_TRACEDPUSH_VERSION: Final = "tracedpush.version"
+RES_VLLM_VERSION: Final = "vllm.version"
+
+# -------------------------------------------------------------------- span attributes
+MODE: Final = "tracedpush.mode"  # "push" | "pull"
+ROLE: Final = "tracedpush.role"  # "proxy" | "prefill" | "decode"
+ENGINE_ID: Final = "tracedpush.engine_id"  # vLLM kv_transfer_config engine_id
+REQUEST_ID: Final = "tracedpush.request_id"  # base id: X-Request-Id minus vLLM's suffix
+LOCAL_REQUEST_ID: Final = "tracedpush.request_id.local"  # the engine's own request id
+TP_RANK: Final = "tracedpush.tp_rank"
+THREAD: Final = "tracedpush.thread"  # "scheduler" | "model_runner" | "push_writer" | ...
+
+REMOTE_ENGINE_ID: Final = "tracedpush.remote.engine_id"
+REMOTE_HOST: Final = "tracedpush.remote.host"
+REMOTE_PORT: Final = "tracedpush.remote.port"
+
+PROMPT_TOKENS: Final = "tracedpush.prompt_tokens"
+KV_BLOCKS: Final = "tracedpush.kv.blocks"  # number of KV blocks moved / registered
+KV_BYTES: Final = "tracedpush.kv.bytes"  # bytes moved (NIXL totalBytes)
+KV_DESCRIPTORS: Final = "tracedpush.kv.descriptors"  # NIXL descCount
+NIXL_POST_US: Final = "tracedpush.nixl.post_duration_us"  # NIXL postDuration
+NIXL_XFER_US: Final = "tracedpush.nixl.xfer_duration_us"  # NIXL xferDuration
+POLL_LAG_US: Final = "tracedpush.kv.poll_lag_us"  # observed done - (post + xferDuration)
+RENDEZVOUS_FIRST: Final = "tracedpush.rendezvous.first"  # "registration" | "prefill"
+NOTIFY_EXPECTED: Final = "tracedpush.notify.expected"
+NOTIFY_RECEIVED: Final = "tracedpush.notify.received"
+DECODE_END: Final = "tracedpush.decode.end"  # what ends `decode`: "first_token_scheduled"
+
+# proxy-side
+UPSTREAM_URL: Final = "tracedpush.upstream"  # base URL of the engine a leg went to
+TTFT_MS: Final = "tracedpush.ttft_ms"  # proxy-measured: receipt -> first token out
+OUTPUT_TOKENS: Final = "tracedpush.output_tokens"
+STREAM: Final = "tracedpush.stream"
+# standard OpenTelemetry HTTP / error keys used on proxy spans
+HTTP_METHOD: Final = "http.request.method"
+HTTP_ROUTE: Final = "http.route"
+HTTP_STATUS: Final = "http.response.status_code"
+SERVER_ADDRESS: Final = "server.address"
+SERVER_PORT: Final = "server.port"
+ERROR_TYPE: Final = "error.type"
+
+# span events
+EVENT_FIRST_TOKEN: Final = "first_token"  # on tracedpush.request and proxy.decode
+
+# Error reasons (error.type values) for failed phases.
+ERR_HANDSHAKE: Final = "handshake_failed"
+ERR_TRANSFER: Final = "transfer_failed"
+ERR_LEASE_EXPIRED: Final = "lease_expired"
+ERR_REGISTRATION_TIMEOUT: Final = "registration_timeout"
+ERR_NOTIFY_TIMEOUT: Final = "notifications_missing"
+ERR_UPSTREAM: Final = "upstream_error"
+ERR_UPSTREAM_TIMEOUT: Final = "upstream_timeout"
+ERR_CLIENT_DISCONNECT: Final = "client_disconnected"
+
+# ------------------------------------------------------------------- trace context
+# The proxy passes W3C trace context to each engine inside kv_transfer_params under
+# this key: {"traceparent": "00-<trace>-<span>-01"}. Engines without it derive the
+# trace id from the base request id, so P and D still share one trace.
+KV_PARAMS_TRACE_KEY: Final = "tracedpush_trace"
