@@ -39,9 +39,13 @@ def sidebar() -> None:
         if st.button("Reload", help="read traces that arrived since the last load"):
             try:
                 new = feed.refresh()
-                st.toast(f"{new} new spans" if new else "nothing new")
             except data.SourceError as err:
                 ui.show_error(err)
+            else:
+                if feed.last_error is not None:
+                    ui.show_error(feed.last_error)
+                else:
+                    st.toast(f"{new:,} new spans" if new else "nothing new")
         with st.expander("Change source"):
             typed = st.text_input(
                 "Directory, trace file or Jaeger URL",

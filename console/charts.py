@@ -275,7 +275,7 @@ def timeline(requests: Sequence[Any], offsets: Mapping[str, Any] | None = None) 
     fig.update_layout(
         barmode="overlay",
         height=160 + sum(26 * (len(_lanes(r)) + 2) for r in requests) + 60 * len(requests),
-        margin={"l": 10, "r": 10, "t": 60, "b": 70},
+        margin={"l": 10, "r": 10, "t": 60, "b": 95},
         meta={"kind": "timeline", "trace_ids": [r.trace_id for r in requests]},
     )
     return fig
@@ -354,7 +354,7 @@ def latency_by_load(cmp: Any, stat: str = "p50") -> go.Figure:
     fig.update_layout(
         height=520,
         margin={"l": 10, "r": 10, "t": 50, "b": 10},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.06, "xanchor": "right", "x": 1},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.06, "xanchor": "left", "x": 0},
     )
     return fig
 
@@ -447,8 +447,8 @@ def ttft_delta(cmp: Any, bucket: str = ALL, load: str = ALL) -> go.Figure:
     )
     fig.update_layout(
         height=120 + 24 * len(deltas),
-        margin={"l": 10, "r": 10, "t": 10, "b": 10},
-        xaxis_title=f"mean ms, {cmp.b} − {cmp.a} (bars sum to the mean TTFT difference)",
+        margin={"l": 10, "r": 10, "t": 30, "b": 10},
+        xaxis_title=f"mean ms, {cmp.b} − {cmp.a}",
     )
     return fig
 
@@ -491,10 +491,14 @@ def requests_scatter(table: Any, x: str = "prompt_tokens", y: str = "ttft_ms") -
 # --------------------------------------------------------------------------- phases
 
 
-def phase_boxes(frame: Any, value: str = "ms", columns: int = 4) -> go.Figure:
+def phase_boxes(frame: Any, value: str = "ms", columns: int = 4, top: int = 10) -> go.Figure:
     """Distribution of each phase's duration per mode: one small box plot per phase (own
-    y scale, since prefill dwarfs the rest), outliers as points carrying their trace id.
-    ``frame`` columns: phase, mode, ms, trace_id, request_id."""
+    y scale, since prefill dwarfs the rest), and each box's ``top`` largest values as
+    points that carry their request (click one to open its timeline).
+
+    ``frame`` columns: phase, mode, ms, request_id, trace_id. Box values travel as binary
+    float32 without ids or outlier markers: 10,000 requests x 17 phases with per-point
+    ids would be megabytes, and thousands of outlier markers slow the browser down."""
     if frame is None or len(frame) == 0:
         return _empty("no phases")
     order = phase_order(frame["phase"].unique())
@@ -507,29 +511,45 @@ def phase_boxes(frame: Any, value: str = "ms", columns: int = 4) -> go.Figure:
         horizontal_spacing=0.05,
         vertical_spacing=0.3 / rows,
     )
-    groups = {key: part for key, part in frame.groupby(["phase", "mode"], sort=False)}
+    groups = dict(iter(frame.groupby(["phase", "mode"], sort=False)))
     for i, phase in enumerate(order):
+        cell = {"row": i // columns + 1, "col": i % columns + 1}
         for mode in modes:
             part = groups.get((phase, mode))
             if part is None:
                 continue
+            color = MODE_COLORS.get(mode, "#7f7f7f")
             fig.add_trace(
                 go.Box(
-                    x=[mode] * len(part),
-                    y=part[value].to_numpy(),
+                    y=part[value].to_numpy(dtype="float32"),
+                    x0=mode,
                     name=mode,
                     legendgroup=mode,
                     showlegend=i == 0,
-                    marker={"color": MODE_COLORS.get(mode, "#7f7f7f"), "size": 4},
-                    boxpoints="outliers",
-                    customdata=part[["request_id", "trace_id"]].to_numpy(),
-                    hovertemplate="%{customdata[0]}: %{y:.2f} ms<extra>" + phase + "</extra>",
+                    marker_color=color,
+                    boxpoints=False,
                     meta={"kind": "phase_box", "mode": mode, "phase": phase},
                 ),
-                row=i // columns + 1,
-                col=i % columns + 1,
+                **cell,
             )
-    fig.update_xaxes(showticklabels=False)
+            worst = part.nlargest(top, value)
+            fig.add_trace(
+                go.Scatter(
+                    x=[mode] * len(worst),
+                    y=worst[value].to_numpy(),
+                    mode="markers",
+                    name=f"{mode} slowest",
+                    legendgroup=mode,
+                    showlegend=False,
+                    marker={"color": color, "size": 6, "symbol": "circle-open"},
+                    customdata=worst[["request_id", "trace_id"]].to_numpy(),
+                    hovertemplate="%{customdata[0]}: %{y:.2f} ms<extra>" + phase + "</extra>",
+                    meta={"kind": "phase_top", "mode": mode, "phase": phase},
+                ),
+                **cell,
+            )
+    fig.update_xaxes(showticklabels=False, type="category", categoryorder="array",
+                     categoryarray=modes)  # fmt: skip
     fig.update_yaxes(rangemode="tozero", tickfont={"size": 10})
     fig.update_annotations(font_size=12)
     fig.update_layout(
@@ -537,6 +557,7 @@ def phase_boxes(frame: Any, value: str = "ms", columns: int = 4) -> go.Figure:
         margin={"l": 10, "r": 10, "t": 70, "b": 10},
         legend={"orientation": "h", "yref": "container", "y": 1, "yanchor": "top", "x": 0},
         clickmode="event+select",
+        meta={"kind": "phase_boxes", "top": top},
     )
     return fig
 

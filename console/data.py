@@ -44,7 +44,7 @@ class Snapshot:
     source: Source
     generation: int
     run: Any  # tracedpush.analysis.RunAnalysis
-    stats: Any  # TraceStore.stats at that time
+    stats: Any  # the store's LoadStats (live: later refreshes update it)
     loaded_at: float = field(default_factory=time.time)
 
     @cached_property
@@ -58,11 +58,12 @@ class Snapshot:
     @cached_property
     def phase_frame(self) -> pd.DataFrame:
         """Critical-path ms per (request, phase): RunAnalysis.table()'s ``critical_ms.*``
-        columns, long form. A phase a request skipped counts 0 ms when other requests of
-        its mode have it, as in ``analysis.compare``."""
+        columns, long form. As in ``analysis.compare``: only requests with a TTFT count,
+        and a phase a request skipped counts 0 ms when other requests of its mode have it."""
         cols = [c for c in self.table.columns if c.startswith(PHASE_PREFIX)]
         parts = []
-        for _mode, rows in self.table.groupby("mode", sort=True):
+        timed = self.table[self.table["ttft_ms"].notna()] if cols else self.table
+        for _mode, rows in timed.groupby("mode", sort=True):
             present = [c for c in cols if rows[c].notna().any()]
             if not present:
                 continue
@@ -129,8 +130,14 @@ def phase_percentiles(group: Any, modes: list[str] | None = None) -> pd.DataFram
     table = pd.DataFrame(rows).pivot(index="phase", columns="mode")
     rank = {p: i for i, p in enumerate(analysis.phases.PHASES)}
     table = table.reindex(sorted(table.index, key=lambda p: (rank.get(p, len(rank)), p)))
-    table.columns = [f"{mode} {stat}" for stat, mode in table.columns]
-    return table[sorted(table.columns)]
+    stat_rank = {"p50": 0, "p90": 1, "p99": 2, "mean": 3}
+    pairs = sorted(
+        table.columns, key=lambda sm: (mode_order(table.columns.levels[1]).index(sm[1]),
+                                       stat_rank.get(sm[0], 9), sm[0]),
+    )  # fmt: skip
+    table = table[pairs]
+    table.columns = [f"{mode} {stat}" for stat, mode in pairs]
+    return table
 
 
 def _open_store(source: Source) -> Any:
@@ -214,6 +221,8 @@ class Feed:
         Returns the number of new spans (0 also when the source failed: see last_error)."""
         self.snapshot()
         with self._work:
+            stats = self._store.stats
+            failed_before = stats.fetch_errors
             try:
                 new = int(self._store.refresh() or 0)
                 if new:
@@ -221,6 +230,10 @@ class Feed:
             except Exception as exc:
                 log.warning("refreshing %s failed: %s", self.source.label, exc)
                 self.last_error = _describe(self.source, exc)
+                return 0
+            if stats.fetch_errors > failed_before and not new:  # Jaeger down: keep old data
+                last = stats.errors[-1] if stats.errors else "fetch failed"
+                self.last_error = SourceError(f"{last}; showing what was read before.")
                 return 0
             self.last_error = None
             self.last_new = new

@@ -49,7 +49,7 @@ class Source:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    p = argparse.ArgumentParser(add_help=False, exit_on_error=False, allow_abbrev=False)
     p.add_argument("--traces")
     p.add_argument("--jaeger")
     p.add_argument("--service")

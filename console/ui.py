@@ -8,6 +8,7 @@ A request is selected by trace id in ``st.session_state["request"]`` and mirrore
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +20,7 @@ from tracedpush.console.source import Source, from_args
 REQUEST_KEY = "request"  # session state and query parameter: selected trace id
 SOURCE_KEY = "source"  # session state: a Source chosen in the sidebar
 TIMELINE_PAGE = "pages/timeline.py"
+AUTO_REFRESH_S = 10.0
 
 
 def current_source() -> Source:
@@ -33,9 +35,17 @@ def show_error(err: data.SourceError) -> None:
 
 
 def snapshot() -> data.Snapshot:
-    """The current source's analysis; stops the page with a message if there is none."""
+    """The current source's analysis; stops the page with a message if there is none.
+
+    Pages pick up new traces on their own, at most every ``AUTO_REFRESH_S`` (at once
+    while there is nothing yet): a refresh is cheap when nothing arrived, and a slow
+    re-analysis runs in the background (``Feed.tick``)."""
+    feed = data.feed(current_source())
     try:
-        snap = data.feed(current_source()).snapshot()
+        snap = feed.snapshot()
+        if not snap.run.requests or time.time() - feed.last_refresh > AUTO_REFRESH_S:
+            feed.tick()
+            snap = feed.snapshot()
     except data.SourceError as err:
         show_error(err)
         st.stop()
@@ -48,11 +58,13 @@ def snapshot() -> data.Snapshot:
 def no_requests(snap: data.Snapshot) -> None:
     stats = snap.stats
     where = snap.source.label
-    if stats is not None and (stats.malformed or stats.fetch_errors) and not stats.spans:
-        last = stats.errors[-1] if stats.errors else "?"
+    last = stats.errors[-1] if stats is not None and stats.errors else "?"
+    if stats is not None and stats.fetch_errors and not stats.spans:
+        st.warning(f"Cannot read traces from {where}: {last}")
+    elif stats is not None and stats.malformed and not stats.spans:
         st.warning(
-            f"No readable traces in {where}: {stats.malformed} malformed lines/documents, "
-            f"{stats.fetch_errors} failed fetches. Last problem: {last}"
+            f"No readable traces in {where}: {stats.malformed} malformed lines/documents "
+            f"skipped. Last problem: {last}"
         )
     elif stats is not None and stats.spans:
         st.info(
@@ -102,14 +114,17 @@ def open_timeline(trace_id: str) -> None:
     st.switch_page(TIMELINE_PAGE, query_params={REQUEST_KEY: trace_id})
 
 
+def selected_points(event: Any) -> list[Any]:
+    """The points of a plotly selection event (st.plotly_chart on_select state)."""
+    return list(_get(_get(event, "selection"), "points") or [])
+
+
 def picked_trace_id(event: Any) -> str | None:
     """The trace id of the first clicked point in a plotly selection event, if any.
 
     Figures put the trace id last in each point's ``customdata`` (see charts.py).
     """
-    selection = _get(event, "selection")
-    points = _get(selection, "points") or []
-    for point in points:
+    for point in selected_points(event):
         custom = _get(point, "customdata")
         if isinstance(custom, list | tuple) and custom:
             return str(custom[-1])

@@ -17,7 +17,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "proxy": ("tracedpush.proxy.command", "Run the OpenAI-compatible P/D proxy (push or pull)."),
     "up": ("tracedpush.launcher.command", "Launch a local 1P1D (prefill, decode, proxy)."),
     "demo": ("tracedpush.bench.demo", "Run push then pull on a mixed workload; print a table."),
-    "bench": ("tracedpush.bench.command", "Benchmarks: workload, tracing overhead, event cost."),
     "report": ("tracedpush.analysis.command", "Analyse traces: critical path, skew, push vs pull."),
     "console": ("tracedpush.console_command", "Serve the Streamlit console on a traces source."),
 }

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -40,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--service",
         default=None,
-        help="Jaeger service to search (default: the proxy's, tracedpush-proxy)",
+        help="Jaeger service to search (default: the proxy services Jaeger knows)",
     )
     parser.add_argument(
         "--lookback",
@@ -101,6 +103,13 @@ def _serve(app_args: list[str], port: int, host: str) -> int:
     print(f"tracedpush console: http://{shown}:{port}  (Ctrl-C to stop)", flush=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(streamlit_command(app_args, port=port, host=host), env=env)
+
+    def stop(signum: int, frame: object) -> None:  # SIGTERM to us also stops Streamlit
+        raise KeyboardInterrupt
+
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, stop)
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -110,6 +119,9 @@ def _serve(app_args: list[str], port: int, host: str) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def serve(

@@ -90,7 +90,7 @@ RES_VLLM_VERSION: Final = "vllm.version"
 MODE: Final = "tracedpush.mode"  # "push" | "pull"
 ROLE: Final = "tracedpush.role"  # "proxy" | "prefill" | "decode"
 ENGINE_ID: Final = "tracedpush.engine_id"  # vLLM kv_transfer_config engine_id
-REQUEST_ID: Final = "tracedpush.request_id"  # base id: X-Request-Id minus vLLM's suffix
+REQUEST_ID: Final = "tracedpush.request_id"  # the client's X-Request-Id (context.request_key)
 LOCAL_REQUEST_ID: Final = "tracedpush.request_id.local"  # the engine's own request id
 TP_RANK: Final = "tracedpush.tp_rank"
 THREAD: Final = "tracedpush.thread"  # "scheduler" | "model_runner" | "push_writer" | ...
@@ -126,6 +126,13 @@ ERROR_TYPE: Final = "error.type"
 
 # span events
 EVENT_FIRST_TOKEN: Final = "first_token"  # on tracedpush.request and proxy.decode
+EVENT_COMPUTE_STARTED: Final = "compute_started"  # prefill: first scheduled for compute
+EVENT_BLOCKS_ALLOCATED: Final = "blocks_allocated"  # decode: D's KV blocks allocated
+EVENT_KV_RECEIVED: Final = "kv_received"  # decode: scheduler learned the KV arrived
+EVENT_REGISTRATION_ARRIVED: Final = "registration_arrived"  # kv.rendezvous (P's writer saw it)
+EVENT_PREFILL_FINISHED: Final = "prefill_finished"  # kv.rendezvous
+EVENT_NOTIFICATION: Final = "notification"  # kv.notify: one per completion notification
+EVENT_HANDSHAKE: Final = "handshake"  # kv.register: D's notif-only handshake to P
 
 # Error reasons (error.type values) for failed phases.
 ERR_HANDSHAKE: Final = "handshake_failed"

@@ -19,7 +19,7 @@ st.caption(
 st.dataframe(snap.table.head(200), hide_index=True, height=260)
 st.download_button(
     f"Download CSV ({len(snap.table):,} requests)",
-    data=export.table_csv(snap.table),
+    data=lambda: export.table_csv(snap.table),
     file_name="tracedpush-requests.csv",
     mime="text/csv",
     icon=":material/table:",

@@ -30,6 +30,14 @@ if len(modes) < 2:
         "to compare them."
     )
 
+untimed = snap.table["ttft_ms"].isna().sum()
+incomplete = (~snap.table["complete"].astype(bool)).sum()
+if untimed or incomplete:
+    st.caption(
+        f"{incomplete:,} of {len(snap.table):,} requests have incomplete traces; {untimed:,} "
+        "have no TTFT and are left out of the charts (Export has the full table)."
+    )
+
 stat = st.segmented_control("Statistic", charts.STATS, default="p50", key="overview_stat") or "p50"
 st.subheader(f"TTFT and TPOT by load ({stat})")
 st.plotly_chart(charts.latency_by_load(cmp, stat), key="by_load")
@@ -47,6 +55,7 @@ with right:
         + ("" if total is None else f": {total:+,.1f} ms mean TTFT")
     )
     st.plotly_chart(charts.ttft_delta(cmp), key="ttft_delta")
+    st.caption("Per-phase mean differences; they add up to the mean TTFT difference.")
 
 st.subheader("Every request")
 st.plotly_chart(

@@ -38,6 +38,7 @@ st.plotly_chart(
     on_select=lambda: ui.follow_click("phase_boxes"),
     selection_mode="points",
 )
+st.caption("Circles: the 10 largest values of each box. Click one to open its timeline.")
 
 cmp = snap.comparison
 overall = cmp.overall
@@ -73,4 +74,4 @@ st.dataframe(
     selection_mode="single-row",
     key="outliers",
 )
-st.caption("Select a row, or click an outlier point above, to open its timeline.")
+st.caption("Select a row (or click a circle above) to open its timeline.")

@@ -59,6 +59,18 @@ with st.expander("Pick a request", expanded=ui.selected_request(snap) is None):
             key="slowest_table",
         )
 
+
+def _segments_table(segments: list, title: str) -> None:
+    st.dataframe(
+        pd.DataFrame(
+            [(s.phase, s.service, s.start_ms, s.duration_ms) for s in segments],
+            columns=[title, "service", "start ms", "ms"],
+        ),
+        hide_index=True,
+        height=min(35 * (len(segments) + 1) + 3, 700),
+    )
+
+
 req = ui.selected_request(snap)
 if req is None:
     req = selection.typical(run.requests, snap.modes[0] if snap.modes else None) or run.requests[0]
@@ -108,19 +120,7 @@ for r, col in zip(shown, st.columns(len(shown)), strict=True):
         st.subheader(f"{r.mode} · {r.request_id}")
         if r.problems or not r.complete:
             st.warning("Incomplete trace: " + "; ".join(r.problems or ["spans missing"]))
-        st.dataframe(
-            pd.DataFrame(
-                [(s.phase, s.service, s.start_ms, s.duration_ms) for s in r.critical_path],
-                columns=["critical path phase", "service", "start ms", "ms"],
-            ),
-            hide_index=True,
-        )
+        _segments_table(r.critical_path, "critical path phase")
         if r.hidden:
-            st.dataframe(
-                pd.DataFrame(
-                    [(s.phase, s.service, s.start_ms, s.duration_ms) for s in r.hidden],
-                    columns=["overlapped (hidden) phase", "service", "start ms", "ms"],
-                ),
-                hide_index=True,
-            )
+            _segments_table(r.hidden, "overlapped (hidden) phase")
         st.caption(f"trace id `{r.trace_id}`")

@@ -28,8 +28,11 @@ Guarantees
   failed to start fails every later test of its mode at once, with the same message.
 * Test ports, so a developer's own `tracedpush up` (8000/8100/8200) is not disturbed:
   proxy 18000, prefill 18100, decode 18200, NIXL side channels 15600 / 15700.
-* The engines lock (/tmp/tracedpush-engines.lock) is held from the first start until the
-  session ends, so no other engine run on this machine overlaps.
+* The engines lock (/tmp/tracedpush-engines.lock) is taken when collection finishes, if
+  any e2e test is selected (so waiting for another run does not count against a test's
+  timeout), and held until the session ends: no other engine run on this machine
+  overlaps. A test that starts engines in a subprocess (e.g. `tracedpush up`) passes
+  ``lock_delegation_env()`` in its environment so the child runs under this lock.
 * Tracing: the traced connectors (``tracedpush.connector``) are used when that module
   exists; ``TRACEDPUSH_E2E_TRACE=1`` requires them, ``=0`` runs vLLM's own connectors.
 * Output: a session tmp dir (``pd_session.base``), or ``TRACEDPUSH_E2E_DIR`` to keep it:
@@ -166,6 +169,26 @@ class PDSession:
             if self._locked:
                 self._lock.release()
                 self._locked = False
+
+
+_SESSION_LOCK = EnginesLock()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not any(item.get_closest_marker("e2e") for item in session.items):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    _SESSION_LOCK.on_wait = reporter.write_line if reporter else None
+    _SESSION_LOCK.acquire()
+    session.config.stash[_LOCK_HELD] = True
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if session.config.stash.get(_LOCK_HELD, False):
+        _SESSION_LOCK.release()
+
+
+_LOCK_HELD = pytest.StashKey[bool]()
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,8 @@ from tracedpush.bench.workload import PromptMaker, run_workload
 pytestmark = pytest.mark.e2e
 
 BOTH = [pytest.param(m, marks=pytest.mark.pd(m)) for m in ("push", "pull")]
+# The tiny random model may sample EOS at once; the checks need tokens to stream.
+NO_EOS = {"ignore_eos": True}
 ENGINE_SERVICES = {semconv.SERVICE_PREFILL, semconv.SERVICE_DECODE}
 
 
@@ -139,7 +141,9 @@ def check_causal_order(trace: list[dict], mode: str) -> None:
 @pytest.mark.parametrize("mode", BOTH)
 def test_each_request_is_one_complete_ordered_trace(pd, mode):
     prompts = PromptMaker(pd.model).mix([120, 900, 2200], 6)
-    results = run_workload(pd.proxy_url, prompts, concurrency=1, max_tokens=8, model=pd.model_name)
+    results = run_workload(
+        pd.proxy_url, prompts, concurrency=1, max_tokens=8, model=pd.model_name, extra_body=NO_EOS
+    )
     assert all(r.ok for r in results), [r.error for r in results]
     traces = traces_for(pd, [r.request_id for r in results])
     diffs = []
@@ -159,10 +163,82 @@ def test_each_request_is_one_complete_ordered_trace(pd, mode):
 @pytest.mark.parametrize("mode", BOTH)
 def test_sixteen_in_flight_every_trace_complete(pd, mode):
     prompts = PromptMaker(pd.model, seed=3).mix([100, 400, 1500], 16)
-    results = run_workload(pd.proxy_url, prompts, concurrency=16, max_tokens=4, model=pd.model_name)
+    results = run_workload(
+        pd.proxy_url, prompts, concurrency=16, max_tokens=4, model=pd.model_name, extra_body=NO_EOS
+    )
     assert all(r.ok for r in results), [r.error for r in results]
     traces = traces_for(pd, [r.request_id for r in results], timeout_s=40)
     assert len({t[0]["trace"] for t in traces.values()}) == 16
     for trace in traces.values():
         check_tree(trace, mode)
         check_causal_order(trace, mode)
+
+
+@pytest.mark.pd("push")
+def test_requests_that_bypass_the_proxy_still_share_one_trace(pd):
+    """A client driving P and D itself (no traceparent) still gets one trace across both."""
+    import threading
+    import uuid
+
+    import requests
+
+    from tracedpush.telemetry.context import trace_id_for
+
+    rid = f"direct-{uuid.uuid4().hex[:8]}"
+    prompt = PromptMaker(pd.model, seed=7).make(300).text
+    p_body = {
+        "model": pd.model_name,
+        "prompt": prompt,
+        "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False},
+    }
+    d_body = {
+        "model": pd.model_name,
+        "prompt": prompt,
+        "max_tokens": 4,
+        "ignore_eos": True,
+        "kv_transfer_params": {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": "prefill-engine-001",
+            "remote_host": "127.0.0.1",
+            "remote_port": pd.config.prefill_side_channel_port,
+            "tp_size": 1,
+            "pp_size": 1,
+            "remote_request_id": rid,
+            "remote_block_ids": [],
+        },
+    }
+    headers = {"X-Request-Id": rid}
+    p_result = {}
+    t = threading.Thread(
+        target=lambda: p_result.update(
+            r=requests.post(
+                f"{pd.prefill_url}/v1/completions", json=p_body, headers=headers, timeout=120
+            )
+        )
+    )
+    t.start()
+    d = requests.post(f"{pd.decode_url}/v1/completions", json=d_body, headers=headers, timeout=120)
+    t.join()
+    assert d.status_code == 200 and p_result["r"].status_code == 200
+    want = f"{trace_id_for(rid):032x}"  # engines derive it from the client's request id
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        spans = [s for s in read_spans(pd.traces_dir) if s["trace"] == want]
+        names = {s["name"] for s in spans}
+        if {
+            semconv.SPAN_PREFILL,
+            semconv.SPAN_DECODE,
+            semconv.SPAN_KV_WRITE,
+            semconv.SPAN_KV_NOTIFY,
+        } <= names:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"no complete derived-id trace {want}: {sorted(names)}")
+    assert {s["service"] for s in spans} == ENGINE_SERVICES
+    assert all(s["attrs"][semconv.REQUEST_ID] == rid for s in spans)
+    assert all(s["attrs"][semconv.LOCAL_REQUEST_ID].startswith(f"cmpl-{rid}-0-") for s in spans)
+    ids = {s["id"] for s in spans}
+    assert all(not s["parent"] or s["parent"] in ids for s in spans)

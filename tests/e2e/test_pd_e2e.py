@@ -6,6 +6,10 @@ teardown leaves no process and no bound port."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from typing import Any
@@ -19,6 +23,7 @@ from tracedpush.launcher.metrics import (
     metric_sum,
     wait_external_kv_tokens,
 )
+from tracedpush.launcher.processes import busy_ports, lock_delegation_env
 
 MODES = [pytest.param(m, marks=pytest.mark.pd(m), id=m) for m in ("push", "pull")]
 
@@ -44,9 +49,8 @@ def stream_completion(base: str, body: dict[str, Any], request_id: str) -> dict[
             chunk = json.loads(line[5:])
             assert "error" not in chunk, chunk
             usage = chunk.get("usage") or usage
-            piece = "".join(c.get("text") or "" for c in chunk.get("choices") or [])
-            if piece:
-                text += piece
+            if chunk.get("choices"):  # one chunk per token; a token's text may be ""
+                text += "".join(c.get("text") or "" for c in chunk["choices"])
                 chunks += 1
     return {"text": text, "chunks": chunks, "usage": usage}
 
@@ -69,8 +73,8 @@ def test_streamed_completion_moves_kv_over_connector(pd, mode):
         {"model": pd.model_name, "prompt": prompt.text, "max_tokens": 12, "ignore_eos": True},
         f"e2e-{mode}-stream",
     )
-    assert out["chunks"] >= 2 and out["text"], out
-    assert out["usage"]["completion_tokens"] == 12
+    assert out["usage"]["completion_tokens"] == out["chunks"] == 12, out
+    assert out["text"]
     assert out["usage"]["prompt_tokens"] == prompt.tokens == 700
     assert_kv_crossed(pd.decode_url, before, prompt.tokens)
     # P computed the prompt (its own counter says so), D received it.
@@ -94,10 +98,10 @@ def test_plain_openai_client_streams_through_proxy(pd, mode):
     )
     pieces, usage = [], None
     for chunk in stream:
-        pieces += [c.text for c in chunk.choices if c.text]
+        pieces += [c.text for c in chunk.choices]
         usage = chunk.usage or usage
-    assert len(pieces) >= 2 and usage is not None
-    assert usage.completion_tokens == 10
+    assert usage is not None and usage.completion_tokens == len(pieces) == 10
+    assert "".join(pieces)
     assert_kv_crossed(pd.decode_url, before, usage.prompt_tokens)
 
 
@@ -117,9 +121,10 @@ def test_chat_completions_stream_and_not(pd, mode):
     )
     pieces, usage = [], None
     for chunk in stream:
-        pieces += [c.delta.content for c in chunk.choices if c.delta and c.delta.content]
+        pieces += [c.delta.content or "" for c in chunk.choices if c.delta]
         usage = chunk.usage or usage
-    assert pieces and usage is not None and usage.completion_tokens == 8
+    assert usage is not None and usage.completion_tokens == 8
+    assert "".join(pieces)
     assert_kv_crossed(pd.decode_url, before, usage.prompt_tokens)
 
     before = external_kv_prompt_tokens(pd.decode_url)
@@ -192,3 +197,81 @@ def test_switching_mode_stopped_push_cleanly(pd, pd_session):
     assert len(record.pids_before) >= 7, record
     assert record.alive_after == [], record
     assert record.bound_after == [] and record.report.clean, record
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[-1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+@pytest.mark.e2e
+def test_up_serves_then_ctrl_c_leaves_nothing(tmp_path):
+    """`tracedpush up` as a user runs it: prints the URLs, serves a streamed request
+    through the proxy with KV over the connector, and Ctrl-C stops every process it
+    started and frees every port. (Runs before the shared pd deployments start.)"""
+    ports = {"--port": 18000, "--prefill-port": 18100, "--decode-port": 18200}
+    ports |= {"--prefill-side-channel-port": 15600, "--decode-side-channel-port": 15700}
+    argv = [sys.executable, "-m", "tracedpush", "up", "--mode", "pull", "--no-trace"]
+    argv += ["--run-dir", str(tmp_path)]
+    for flag, port in ports.items():
+        argv += [flag, str(port)]
+    env = {**os.environ, **lock_delegation_env()}  # we hold the engines lock: share it
+    up = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    output, seen = [], set()
+    try:
+        assert up.stdout is not None
+        for line in up.stdout:
+            output.append(line)
+            seen |= _descendants(up.pid)
+            if line.startswith("Press Ctrl-C"):
+                break
+        printed = "".join(output)
+        assert "tracedpush is up" in printed, printed
+        assert "http://127.0.0.1:18000/v1" in printed and "18200/metrics" in printed
+        seen |= _descendants(up.pid)
+        # 2 engines x (APIServer, EngineCore, Worker) + proxy
+        assert len(seen) >= 7, seen
+
+        model = json.loads(urllib.request.urlopen("http://127.0.0.1:18000/v1/models").read())
+        before = external_kv_prompt_tokens("http://127.0.0.1:18200")
+        out = stream_completion(
+            "http://127.0.0.1:18000",
+            {"model": model["data"][0]["id"], "prompt": "up and running " * 30, "max_tokens": 5},
+            "e2e-up-cli",
+        )
+        assert out["usage"]["completion_tokens"] == out["chunks"] == 5
+        assert_kv_crossed("http://127.0.0.1:18200", before, out["usage"]["prompt_tokens"])
+
+        up.send_signal(signal.SIGINT)
+        rest, _ = up.communicate(timeout=120)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 0, "".join(output) + rest
+    assert "no process left, ports free" in rest, rest
+    assert [pid for pid in seen if _alive(pid)] == []
+    assert busy_ports(ports.values()) == []

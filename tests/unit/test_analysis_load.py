@@ -52,10 +52,18 @@ def test_malformed_lines_are_skipped_and_counted(
     f = tmp_path / "mixed.jsonl"
     f.write_text(
         "\n".join(
-            [good[0][: len(good[0]) // 2], *good[1:], "{not json", wrong_shape, json.dumps(bad_span), "", "[1, 2"]
+            [
+                good[0][: len(good[0]) // 2],
+                *good[1:],
+                "{not json",
+                wrong_shape,
+                json.dumps(bad_span),
+                "",
+                "[1, 2",
+            ]
         )
         + "\n"
-    )  # fmt: skip
+    )
     store = TraceStore.from_path(f)
     st = store.stats
     # torn first line, "{not json", wrong shape, "[1, 2" = 4 lines; 1 bad span in a good doc
@@ -111,7 +119,7 @@ def test_last_line_without_newline_is_accepted(tmp_path: Path, gen: synthetic.Sy
         for rs in d["resourceSpans"]
         for ss in rs["scopeSpans"]
     )
-    assert store.stats.spans == expected  # fmt: skip
+    assert store.stats.spans == expected
 
 
 def test_refresh_reads_only_new_bytes(tmp_path: Path, gen: synthetic.SyntheticRun) -> None:

@@ -40,15 +40,43 @@ def _attributions_close(a: RunAnalysis, b: RunAnalysis, tol_ms: float) -> float:
     return worst
 
 
-def test_unskewed_run_needs_no_correction(base: RunAnalysis) -> None:
+def test_unskewed_run_offsets_stay_within_the_evidence(base: RunAnalysis) -> None:
     offs = base.clock_offsets
     assert offs[PROXY_INSTANCE].reference
     for inst in (PREFILL_INSTANCE, DECODE_INSTANCE):
         o = offs[inst]
-        assert o.offset_ms == 0.0  # 0 is consistent with the evidence: never corrected
-        assert o.lo_ms <= 0.0 <= o.hi_ms
+        assert o.lo_ms <= 0.0 <= o.hi_ms  # the true offset (0) is inside the evidence
+        assert abs(o.offset_ms) <= o.bound_ms  # so the estimate is within its bound of it
+        assert o.lo_ms <= o.offset_ms <= o.hi_ms
         assert o.pairs > 100 and o.consistent
         assert o.bound_ms < 2.0
+
+
+def test_zero_policy_keeps_consistent_clocks_uncorrected(gen: synthetic.SyntheticRun) -> None:
+    run = analyze(TraceStore.from_documents(gen.documents), skew_policy="zero")
+    assert run.skew_policy == "zero"
+    for inst in (PREFILL_INSTANCE, DECODE_INSTANCE):
+        assert run.clock_offsets[inst].offset_ms == 0.0
+    shifted = analyze(
+        TraceStore.from_documents(synthetic.shift_documents(gen.documents, DECODE_INSTANCE, 50)),
+        skew_policy="zero",
+    )
+    o = shifted.clock_offsets[DECODE_INSTANCE]
+    assert abs(o.offset_ms - 50) <= o.bound_ms
+
+
+@pytest.mark.parametrize("delta_ms", [50.0, -50.0, 0.1, 1234.5])
+def test_midpoint_is_shift_equivariant(
+    gen: synthetic.SyntheticRun, base: RunAnalysis, delta_ms: float
+) -> None:
+    """Shifting a clock moves its estimate by exactly the shift: nothing else changes."""
+    docs = synthetic.shift_documents(gen.documents, PREFILL_INSTANCE, delta_ms)
+    run = analyze(TraceStore.from_documents(docs))
+    for inst, o in run.clock_offsets.items():
+        expect = base.clock_offsets[inst].offset_ms + (delta_ms if inst == PREFILL_INSTANCE else 0)
+        assert o.offset_ms == pytest.approx(expect, abs=1e-6)
+        assert o.bound_ms == pytest.approx(base.clock_offsets[inst].bound_ms, abs=1e-6)
+    assert _attributions_close(base, run, 1e-5) <= 1e-5
 
 
 @pytest.mark.parametrize("instance", [PREFILL_INSTANCE, DECODE_INSTANCE])
@@ -90,7 +118,7 @@ def test_without_correction_offsets_are_reported_not_applied(gen: synthetic.Synt
     decode = next(v for v in r.spans if v.instance == DECODE_INSTANCE)
     assert decode.start_ms > 50.0  # ...but not applied: D's spans sit 50 ms late
     # the walk notices causality violations it had to clamp
-    assert any("after what follows it" in p for r in run.requests for p in r.problems)
+    assert any("after what follows them" in p for r in run.requests for p in r.problems)
 
 
 def test_skew_generated_at_source_is_recovered() -> None:
@@ -104,13 +132,20 @@ def test_skew_generated_at_source_is_recovered() -> None:
         assert long <= set(truth[r.trace_id].expected_path)
 
 
-def test_small_skew_inside_the_evidence_is_left_alone(gen: synthetic.SyntheticRun) -> None:
-    # 0.1 ms is below what the pairs can resolve: the estimate stays 0 and the bound
-    # covers the truth
+def test_small_skew_inside_the_evidence(gen: synthetic.SyntheticRun) -> None:
+    # 0.1 ms is below what the pairs can resolve: the bound covers the truth either way
     docs = synthetic.shift_documents(gen.documents, DECODE_INSTANCE, 0.1)
-    o = analyze(TraceStore.from_documents(docs)).clock_offsets[DECODE_INSTANCE]
-    assert o.offset_ms == 0.0
-    assert abs(0.1 - o.offset_ms) <= o.bound_ms
+    for policy in ("midpoint", "zero"):
+        run = analyze(TraceStore.from_documents(docs), skew_policy=policy)
+        o = run.clock_offsets[DECODE_INSTANCE]
+        assert abs(0.1 - o.offset_ms) <= o.bound_ms
+        if policy == "zero":
+            assert o.offset_ms == 0.0
+
+
+def test_unknown_policy_is_refused(gen: synthetic.SyntheticRun) -> None:
+    with pytest.raises(ValueError, match="skew policy"):
+        analyze(TraceStore.from_documents(gen.documents[:2]), skew_policy="median")
 
 
 def test_instance_without_causal_pairs_is_not_corrected() -> None:

@@ -18,6 +18,7 @@ from tracedpush.launcher.processes import (
     EnginesLock,
     LaunchError,
     ManagedProcess,
+    lock_delegation_env,
     port_in_use,
     session_members,
     stop_all,
@@ -194,3 +195,29 @@ def test_engines_lock_is_reentrant_here_and_exclusive_elsewhere(tmp_path: Path):
             assert subprocess.run(probe).returncode == 1
         assert subprocess.run(probe).returncode == 1  # still held by the outer level
     assert subprocess.run(probe).returncode == 0
+
+
+def test_engines_lock_can_be_delegated_to_a_child(tmp_path: Path):
+    path = tmp_path / "engines.lock"
+    child = (
+        "from tracedpush.launcher.processes import EnginesLock\n"
+        "with EnginesLock(): print('inside')\n"
+    )
+    env = {
+        **os.environ,
+        "TRACEDPUSH_ENGINES_LOCK": str(path),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+    with EnginesLock(path):
+        delegated = subprocess.run(
+            [sys.executable, "-c", child],
+            env={**env, **lock_delegation_env()},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert delegated.stdout.strip() == "inside"
+        # Without the delegation the child would wait: it cannot take the lock now.
+        probe = "import fcntl, os\nfd = os.open(os.environ['TRACEDPUSH_ENGINES_LOCK'], os.O_RDWR)\n"
+        probe += "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)"
+        assert subprocess.run([sys.executable, "-c", probe], env=env).returncode != 0

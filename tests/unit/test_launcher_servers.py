@@ -50,7 +50,7 @@ def test_engine_command_lines(model: Path, tmp_path: Path, mode: str, connector:
             "traces_dir": str(tmp_path / "tr"),
         }
         assert "--enforce-eager" in traced and "--no-enable-prefix-caching" in traced
-        assert traced[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+        assert traced[1:3] == ["-m", "tracedpush.launcher.vllm_entry"]
 
         plain = servers.engine_argv(mode, spec, model, "tiny", 4096, False, None)
         kv = json.loads(_arg(plain, "--kv-transfer-config"))

@@ -438,8 +438,8 @@ def test_pull_slow_decode_is_a_504_naming_decode():
 
 def test_stream_cut_by_the_total_timeout_ends_with_an_error_event():
     async def scenario():
-        decode = StubEngine("decode", tokens=("a",) * 50, token_delay=0.1)
-        timeouts = Timeouts(connect=2.0, first_byte=5.0, total=0.5)
+        decode = StubEngine("decode", tokens=("a",) * 50, token_delay=0.2)  # 10 s in all
+        timeouts = Timeouts(connect=2.0, first_byte=5.0, total=1.0)
         async with proxy_rig("pull", decode=[decode], timeouts=timeouts) as rig:
             resp = await rig.client.post("/v1/completions", json=BODY | {"stream": True})
             assert resp.status == 200  # the stream had started
@@ -499,6 +499,22 @@ def test_client_disconnect_cancels_both_legs(mode, stream):
             state = rig.client.app[STATE]
             await until(lambda: state.metrics.in_flight == 0)
             assert all(i.outstanding == 0 for i in state.instances)
+
+    run(scenario)
+
+
+def test_client_leaving_mid_stream_cancels_decode():
+    async def scenario():
+        decode = StubEngine("decode", mode="push", tokens=("a",) * 100, token_delay=0.1)
+        async with proxy_rig("push", decode=[decode]) as rig:
+            resp = await rig.client.post("/v1/completions", json=BODY | {"stream": True})
+            assert resp.status == 200
+            assert (await resp.content.readany()).startswith(b"data: ")
+            resp.close()  # the client goes away after the first token
+            await asyncio.wait_for(decode.cancelled.wait(), 5)
+            state = rig.client.app[STATE]
+            await until(lambda: state.metrics.in_flight == 0)
+            assert state.metrics.requests[("499", "none")] == 1
 
     run(scenario)
 

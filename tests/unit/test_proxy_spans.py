@@ -214,3 +214,28 @@ def test_client_disconnect_is_recorded_on_root_and_legs():
             assert span.attributes[semconv.ERROR_TYPE] == semconv.ERR_CLIENT_DISCONNECT
 
     run(scenario)
+
+
+@pytest.mark.parametrize("mode", ["push", "pull"])
+def test_a_client_hanging_up_right_after_done_was_served(mode):
+    """OpenAI clients close the connection on [DONE]; that is success, not a disconnect."""
+
+    async def scenario():
+        decode = [StubEngine("decode", mode=mode, tail_delay=0.3)]  # D lingers after [DONE]
+        async with proxy_rig(mode, decode=decode) as rig:
+            body = BODY | {"stream": True}
+            resp = await rig.client.post(
+                "/v1/completions", json=body, headers={"X-Request-Id": f"hangup-{mode}"}
+            )
+            async for line in resp.content:
+                if line.strip() == b"data: [DONE]":
+                    break
+            resp.close()  # hang up before the proxy's end of stream
+            spans = await all_spans(rig, 4 if mode == "pull" else 3)
+        root = spans[semconv.SPAN_REQUEST]
+        assert root.status.status_code is not StatusCode.ERROR, root.status.description
+        assert semconv.ERROR_TYPE not in root.attributes
+        assert spans[semconv.SPAN_PROXY_DECODE].status.status_code is not StatusCode.ERROR
+        assert [e.name for e in root.events] == [semconv.EVENT_FIRST_TOKEN]
+
+    run(scenario)

@@ -23,7 +23,7 @@ P_PARENT = 0xB7AD6B7169203331
 D_PARENT = 0xC7AD6B7169203332
 P_ID = "cmpl-req-1-0-8b86e050"
 D_ID = "cmpl-req-1-0-a38b6b14"
-BASE = "cmpl-req-1-0"
+BASE = "req-1"  # the X-Request-Id behind cmpl-req-1-0-<8 hex>
 MS = 1_000_000
 
 
@@ -349,3 +349,19 @@ def test_late_events_after_completion_create_no_extra_spans():
     b.sweep(now_ns=1500 * MS + int(500e9))
     assert len(exp.get_finished_spans()) == 1
     assert b.open_requests == 0
+
+
+@pytest.mark.parametrize(
+    ("engine_id", "key"),
+    [
+        ("cmpl-req-1-0-8b86e050", "req-1"),
+        ("chatcmpl-req-1-a38b6b14", "req-1"),
+        ("cmpl-tp-ab12-0007-3-0123abcd", "tp-ab12-0007"),  # choice 3 of request tp-ab12-0007
+        ("my-own-id-0123abcd", "my-own-id"),
+        ("plain", "plain"),
+    ],
+)
+def test_request_key_recovers_the_client_request_id(engine_id, key):
+    from tracedpush.telemetry.context import request_key
+
+    assert request_key(engine_id) == key

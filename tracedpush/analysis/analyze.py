@@ -72,15 +72,19 @@ def analyze(
     buckets: Sequence[int] = DEFAULT_BUCKETS,
     load_buckets: Sequence[int] = DEFAULT_LOAD_BUCKETS,
     spans: bool = True,
+    skew_policy: str = "midpoint",
 ) -> RunAnalysis:
     """Analyse every trace in `source` (a `TraceStore`, {trace id: spans}, or spans).
 
     `correct_skew=False` still estimates offsets (reported) but does not apply them.
     `buckets` / `load_buckets` are the upper edges of the prompt-length / load groups.
     `spans=False` skips building `SpanView`s (faster when only numbers are wanted).
+    `skew_policy`: "midpoint" (default) or "zero" (see `skew`).
     """
     with paused_gc():
-        return _analyze(source, correct_skew, tuple(buckets), tuple(load_buckets), spans)
+        return _analyze(
+            source, correct_skew, tuple(buckets), tuple(load_buckets), spans, skew_policy
+        )
 
 
 def _analyze(
@@ -89,26 +93,26 @@ def _analyze(
     buckets: tuple[int, ...],
     load_buckets: tuple[int, ...],
     spans: bool,
+    skew_policy: str,
 ) -> RunAnalysis:
     items, stats, where = _traces(source)
     indexes = [TraceIndex(tid, ss) for tid, ss in items if ss]
     resources = {id(s.resource): s.resource for ix in indexes for s in ix.spans}
     dom = skew.domains(resources.values())
     ref = _reference(indexes, dom)
-    offsets: dict[str, ClockOffset] = skew.estimate(indexes, dom, ref) if ref else {}
+    offsets: dict[str, ClockOffset] = skew.estimate(indexes, dom, ref, skew_policy) if ref else {}
     applied = {label: (o.offset_ms if correct_skew else 0.0) for label, o in offsets.items()}
     off_ns = {rid: round(applied.get(dom[r], 0.0) * 1e6) for rid, r in resources.items()}
 
     load = LoadCounter((ix.root.start_ns, ix.root.end_ns) for ix in indexes if ix.root is not None)
-    requests = [
-        _request(ix, off_ns, load, buckets, load_buckets, spans) for ix in indexes
-    ]
+    requests = [_request(ix, off_ns, load, buckets, load_buckets, spans) for ix in indexes]
     requests.sort(key=lambda r: r.start_unix_ms)
     return RunAnalysis(
         requests=requests,
         clock_offsets=offsets,
         stats=stats,
         skew_corrected=correct_skew,
+        skew_policy=skew_policy,
         buckets=tuple(buckets),
         load_buckets=tuple(load_buckets),
         source=where,
@@ -143,7 +147,8 @@ def _request(
     if error:
         problems.append(f"failed: {error}")
 
-    ttft = path.end_ms if root is not None and path.segments else None
+    # TTFT only when the proxy saw a first token (a failed request has none)
+    ttft = path.end_ms if root is not None and path.first_token and path.segments else None
     attr_ttft = None
     if root is not None:
         v = root.attributes.get(sc.TTFT_MS)
@@ -194,13 +199,8 @@ def _request(
                 )
             )
         lanes = sorted(lane_role, key=lambda ln: lane_sort_key(ln, lane_role[ln]))
-    complete = (
-        ix.mode in sc.REQUIRED_SPANS
-        and not absent
-        and not path.missing
-        and ttft is not None
-        and error is None
-    )
+    # complete = the trace is whole (a failure is reported in `error`, not here)
+    complete = ix.mode in sc.REQUIRED_SPANS and not absent and not path.missing and ttft is not None
     return RequestAnalysis(
         trace_id=ix.trace_id,
         request_id=ix.request_id,

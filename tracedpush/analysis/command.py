@@ -57,6 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="estimate clock offsets but do not apply them",
     )
+    parser.add_argument(
+        "--skew-policy",
+        choices=("midpoint", "zero"),
+        default="midpoint",
+        help="offset inside the evidence interval: its midpoint (default; shifting a clock "
+        "changes no attribution) or 0 whenever the evidence allows it",
+    )
     parser.add_argument("--slowest", type=int, default=10, help="slowest requests listed (table)")
     parser.add_argument(
         "--spans", action="store_true", help="json: include every span of every request"
@@ -96,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     result = analyze(
         store,
         correct_skew=not args.no_skew_correction,
+        skew_policy=args.skew_policy,
         spans=args.format != "json" or args.spans or args.format == "perfetto",
         **kwargs,
     )

@@ -50,7 +50,8 @@ SPAN_PHASE = {
     sc.SPAN_KV_NOTIFY: ph.NOTIFY_COUNTING,
     sc.SPAN_KV_RELAY: ph.RELAY,
 }
-_HIDDEN_CANDIDATES = tuple(SPAN_PHASE)
+# decode is always on the path (its end is the first token being scheduled)
+_HIDDEN_CANDIDATES = tuple(n for n in SPAN_PHASE if n != sc.SPAN_DECODE)
 
 
 @dataclass(slots=True)
@@ -74,6 +75,7 @@ class PathResult:
     end_ms: float
     rendezvous_first: str | None = None
     missing: tuple[str, ...] = ()
+    first_token: bool = False  # the path ends at a first token (else at decode's end)
 
 
 class _Ctx:
@@ -244,6 +246,7 @@ def walk(steps: list[Step], end_ms: float) -> tuple[list[Segment], set[str], lis
     missing: list[str] = []
     problems: list[str] = []
     merged: list[Step] = []  # steps whose node was missing, waiting for the next node
+    clamped: list[tuple[float, str]] = []  # (ms, phase) of nodes later than their successor
     for st in steps:
         if st.node is None:
             if st.optional:
@@ -255,10 +258,7 @@ def walk(steps: list[Step], end_ms: float) -> tuple[list[Segment], set[str], lis
         t = st.node
         if t > cursor:
             if t - cursor > CLAMP_NOISE_MS:
-                problems.append(
-                    f"{st.phase}: starts {t - cursor:.2f} ms after what follows it "
-                    "(clock skew not fully corrected, or spans out of order)"
-                )
+                clamped.append((t - cursor, st.phase))
             t = cursor
         t = max(t, 0.0)
         phase, service, owner = st.phase, st.service, st.owner
@@ -280,6 +280,12 @@ def walk(steps: list[Step], end_ms: float) -> tuple[list[Segment], set[str], lis
         if owner is not None:
             owners.add(owner.span_id)
         cursor = t
+    if clamped:
+        worst, where = max(clamped)
+        problems.append(
+            f"clamped {len(clamped)} step(s) that start after what follows them (largest "
+            f"{worst:.2f} ms, at {where}): clock skew not fully corrected, or spans out of order"
+        )
     if cursor > 0.0:  # the chain ended before receipt (its first nodes were missing)
         out.append(Segment(ph.UNATTRIBUTED, "", 0.0, cursor, ""))
     out.reverse()
@@ -323,6 +329,7 @@ def critical_path(ix: TraceIndex, ms: Ms) -> PathResult:
             problems.append(
                 f"no {sc.EVENT_FIRST_TOKEN} on {sc.SPAN_REQUEST}; used {sc.SPAN_PROXY_DECODE}'s"
             )
+    first_token = ft is not None
     if ft is None:
         dec = ix.one(sc.SPAN_DECODE, DECODE)
         ft = c.end(dec)
@@ -355,7 +362,7 @@ def critical_path(ix: TraceIndex, ms: Ms) -> PathResult:
         if sum(s.duration_ms for s in segments if s.phase == ph.HANDSHAKE) > before:
             owners.update(h.span_id for h in ix.all(sc.SPAN_KV_HANDSHAKE))
     hidden = _hidden(c, owners, ft, first)
-    return PathResult(segments, hidden, owners, problems, ft, first, tuple(missing))
+    return PathResult(segments, hidden, owners, problems, ft, first, tuple(missing), first_token)
 
 
 def _hidden(c: _Ctx, owners: set[str], end: float, first: str | None) -> list[Segment]:
@@ -367,7 +374,7 @@ def _hidden(c: _Ctx, owners: set[str], end: float, first: str | None) -> list[Se
             if s.span_id in owners:
                 continue
             a, b = max(c.start(s), 0.0), min(c.end(s), end)
-            if b > a or (b == a and 0.0 < a < end and name != sc.SPAN_DECODE):
+            if b > a or (b == a and 0.0 < a < end):  # instants inside the window count
                 out.append(Segment(SPAN_PHASE[name], s.resource.service, a, b - a, name))
     if ix.mode == "push":  # P only notices its WRITE finished at its next step
         write = ix.one(sc.SPAN_KV_WRITE, PREFILL)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tracedpush import semconv as sc
-from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
+from tracedpush.analysis.results import RunAnalysis
 
 # (from span, to span, modes): an arrow from the end of one to the start of the other
 FLOWS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -32,14 +32,25 @@ _PATH_PID = 1
 
 
 def to_perfetto(run: RunAnalysis, trace_ids: Iterable[str] | None = None) -> dict[str, Any]:
-    """Trace-event JSON (``{"traceEvents": [...]}``) for the chosen requests (all if None)."""
+    """Trace-event JSON (``{"traceEvents": [...]}``) for the chosen requests (all if None).
+
+    Timestamps are microseconds from the first chosen request's receipt (``otherData.
+    origin_unix_us`` holds it): absolute epoch microseconds do not fit a double with
+    sub-microsecond precision, and adjacent slices must share exact boundaries.
+    """
     wanted = None if trace_ids is None else set(trace_ids)
-    reqs = [
-        r for r in run.requests if wanted is None or r.trace_id in wanted or r.request_id in wanted
-    ]
+    reqs = sorted(
+        (
+            r
+            for r in run.requests
+            if wanted is None or r.trace_id in wanted or r.request_id in wanted
+        ),
+        key=lambda r: r.start_unix_ms,
+    )
+    origin_ms = reqs[0].start_unix_ms if reqs else 0.0
     events: list[dict[str, Any]] = []
     pids: dict[str, int] = {}
-    tids: dict[tuple[int, str], list[tuple[int, float]]] = {}  # (pid, lane) -> [(tid, busy until)]
+    tracks: dict[tuple[int, str], list[list[float]]] = {}  # (pid, lane) -> [[tid, busy until]]
     tid_names: dict[tuple[int, int], str] = {}
     next_tid = [1]
     flow_id = 0
@@ -51,28 +62,32 @@ def to_perfetto(run: RunAnalysis, trace_ids: Iterable[str] | None = None) -> dic
             pid = pids[key] = len(pids) + 2  # 1 is the critical-path process
         return pid
 
-    def tid_for(pid: int, lane: str, start: float, end: float, nest_in: float | None) -> int:
-        tracks = tids.setdefault((pid, lane), [])
-        for i, (tid, busy) in enumerate(tracks):
-            if busy <= start or (nest_in is not None and end <= nest_in):
-                tracks[i] = (tid, max(busy, end))
-                return tid
+    def tid_for(pid: int, lane: str, label: str, start: float, end: float) -> int:
+        """First sub-track of `lane` free at `start` (overlaps get their own tid)."""
+        lane_tracks = tracks.setdefault((pid, lane), [])
+        for tr in lane_tracks:
+            if tr[1] <= start:
+                tr[1] = end
+                return int(tr[0])
         tid = next_tid[0]
         next_tid[0] += 1
-        tracks.append((tid, end))
-        suffix = f" #{len(tracks)}" if len(tracks) > 1 else ""
-        tid_names[(pid, tid)] = lane.split("/", 2)[-1] + suffix
+        lane_tracks.append([tid, end])
+        suffix = f" #{len(lane_tracks)}" if len(lane_tracks) > 1 else ""
+        tid_names[(pid, tid)] = label + suffix
         return tid
 
-    path_tid = 0
-    for r in sorted(reqs, key=lambda r: r.start_unix_ms):
-        base_us = r.start_unix_ms * 1000.0
+    def times(base_us: float, start_ms: float, dur_ms: float) -> tuple[float, float]:
+        ts = round(base_us + start_ms * 1000.0, 3)
+        end = round(base_us + (start_ms + dur_ms) * 1000.0, 3)
+        return ts, max(end - ts, 0.001)
+
+    for r in reqs:
+        base_us = (r.start_unix_ms - origin_ms) * 1000.0
         placed: dict[str, tuple[int, int, float, float]] = {}  # span name -> pid, tid, ts, end
         for v in sorted(r.spans, key=lambda v: (v.start_ms, -v.duration_ms)):
             pid = pid_for(v.service, v.instance)
-            ts = base_us + v.start_ms * 1000.0
-            dur = max(v.duration_ms * 1000.0, 0.001)
-            tid = tid_for(pid, v.lane, ts, ts + dur, None)
+            ts, dur = times(base_us, v.start_ms, v.duration_ms)
+            tid = tid_for(pid, v.lane, v.lane.split("/", 2)[-1], ts, ts + dur)
             args = {
                 "trace_id": r.trace_id,
                 "request_id": r.request_id,
@@ -80,20 +95,12 @@ def to_perfetto(run: RunAnalysis, trace_ids: Iterable[str] | None = None) -> dic
                 "on_critical_path": v.on_critical_path,
                 "status": v.status,
                 **({"error": v.error} if v.error else {}),
-                **{k: v.attributes[k] for k in v.attributes if not k.startswith("http.")},
+                **{k: val for k, val in v.attributes.items() if not k.startswith("http.")},
             }
             events.append(
-                {
-                    "ph": "X",
-                    "name": v.name,
-                    "cat": r.mode,
-                    "ts": ts,
-                    "dur": dur,
-                    "pid": pid,
-                    "tid": tid,
-                    "args": args,
-                }
-            )
+                {"ph": "X", "name": v.name, "cat": r.mode, "ts": ts, "dur": dur,
+                 "pid": pid, "tid": tid, "args": args}
+            )  # fmt: skip
             prev = placed.get(v.name)
             if prev is None or ts + dur > prev[3]:
                 placed[v.name] = (pid, tid, ts, ts + dur)
@@ -103,102 +110,54 @@ def to_perfetto(run: RunAnalysis, trace_ids: Iterable[str] | None = None) -> dic
             spid, stid, sts, send = placed[src]
             dpid, dtid, dts, _ = placed[dst]
             flow_id += 1
-            at = sts if src in _FROM_START else max(send - 0.001, sts)
+            at = sts if src in _FROM_START else max(round(send - 0.001, 3), sts)
+            name = f"{src}->{dst}"
             events.append(
-                {
-                    "ph": "s",
-                    "id": flow_id,
-                    "name": f"{src}->{dst}",
-                    "cat": "handoff",
-                    "ts": at,
-                    "pid": spid,
-                    "tid": stid,
-                }
-            )
+                {"ph": "s", "id": flow_id, "name": name, "cat": "handoff", "ts": at,
+                 "pid": spid, "tid": stid}
+            )  # fmt: skip
             events.append(
-                {
-                    "ph": "f",
-                    "bp": "e",
-                    "id": flow_id,
-                    "name": f"{src}->{dst}",
-                    "cat": "handoff",
-                    "ts": dts,
-                    "pid": dpid,
-                    "tid": dtid,
-                }
-            )
-        path_tid = _critical_track(events, r, base_us, path_tid)
+                {"ph": "f", "bp": "e", "id": flow_id, "name": name, "cat": "handoff",
+                 "ts": dts, "pid": dpid, "tid": dtid}
+            )  # fmt: skip
+        if r.critical_path:
+            first, last = r.critical_path[0], r.critical_path[-1]
+            span0, _ = times(base_us, first.start_ms, 0.0)
+            span1, _ = times(base_us, last.end_ms, 0.0)
+            tid = tid_for(_PATH_PID, "critical path", "critical path", span0, span1)
+            for seg in r.critical_path:
+                ts, dur = times(base_us, seg.start_ms, seg.duration_ms)
+                events.append(
+                    {"ph": "X", "name": seg.phase, "cat": "critical", "pid": _PATH_PID,
+                     "tid": tid, "ts": ts, "dur": dur,
+                     "args": {"service": seg.service, "span": seg.span, "mode": r.mode,
+                              "trace_id": r.trace_id, "request_id": r.request_id}}
+                )  # fmt: skip
     meta: list[dict[str, Any]] = [
-        {
-            "ph": "M",
-            "name": "process_name",
-            "pid": _PATH_PID,
-            "tid": 0,
-            "args": {"name": "critical path"},
-        },
-        {
-            "ph": "M",
-            "name": "process_sort_index",
-            "pid": _PATH_PID,
-            "tid": 0,
-            "args": {"sort_index": 0},
-        },
-    ]
+        {"ph": "M", "name": "process_name", "pid": _PATH_PID, "tid": 0,
+         "args": {"name": "critical path"}},
+        {"ph": "M", "name": "process_sort_index", "pid": _PATH_PID, "tid": 0,
+         "args": {"sort_index": 0}},
+    ]  # fmt: skip
     for key, pid in pids.items():
         meta.append(
             {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": key}}
         )
         meta.append(
-            {
-                "ph": "M",
-                "name": "process_sort_index",
-                "pid": pid,
-                "tid": 0,
-                "args": {"sort_index": pid},
-            }
-        )
+            {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+             "args": {"sort_index": pid}}
+        )  # fmt: skip
     for (pid, tid), name in tid_names.items():
         meta.append(
             {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
         )
-    offsets = {k: v.to_json() for k, v in run.clock_offsets.items()}
     return {
         "traceEvents": meta + events,
         "displayTimeUnit": "ms",
         "otherData": {
             "generator": "tracedpush report",
-            "clock_offsets_ms": offsets,
+            "origin_unix_us": round(origin_ms * 1000.0, 3),
+            "clock_offsets_ms": {k: v.to_json() for k, v in run.clock_offsets.items()},
             "skew_corrected": run.skew_corrected,
         },
     }
-
-
-def _critical_track(
-    events: list[dict[str, Any]], r: RequestAnalysis, base_us: float, tid: int
-) -> int:
-    if not r.critical_path:
-        return tid
-    tid += 1
-    events.append(
-        {
-            "ph": "M",
-            "name": "thread_name",
-            "pid": _PATH_PID,
-            "tid": tid,
-            "args": {"name": f"{r.mode} {r.request_id}"},
-        }
-    )
-    for seg in r.critical_path:
-        events.append(
-            {
-                "ph": "X",
-                "name": seg.phase,
-                "cat": "critical",
-                "pid": _PATH_PID,
-                "tid": tid,
-                "ts": base_us + seg.start_ms * 1000.0,
-                "dur": max(seg.duration_ms * 1000.0, 0.001),
-                "args": {"service": seg.service, "span": seg.span, "trace_id": r.trace_id},
-            }
-        )
-    return tid

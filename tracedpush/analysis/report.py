@@ -90,8 +90,10 @@ def _offsets(run: RunAnalysis) -> str:
             note = "no causal pairs: not corrected"
         elif not o.consistent:
             note = "evidence contradicts itself"
-        elif o.offset_ms == 0.0:
-            note = "0 is consistent with the evidence"
+        elif o.lo_ms <= 0.0 <= o.hi_ms:
+            note = "0 is consistent with the evidence" + (
+                "" if o.offset_ms == 0.0 else " (midpoint applied)"
+            )
         else:
             note = "midpoint of the evidence"
         lo = None if o.lo_ms == float("-inf") else o.lo_ms
@@ -226,7 +228,7 @@ def _problems(run: RunAnalysis) -> str:
     counts: Counter[str] = Counter()
     for r in run.requests:
         for p in r.problems:
-            counts[p.split(":")[0] if "starts" in p else p] += 1
+            counts[p.split(" (largest")[0] if p.startswith("clamped") else p] += 1
     if not counts:
         return ""
     rows = [[p[:100], n] for p, n in counts.most_common(10)]

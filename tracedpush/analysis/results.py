@@ -35,6 +35,7 @@ class RequestAnalysis:
     hidden: list[Segment]
     spans: list[SpanView]
     complete: bool  # every span the mode requires is present and the path is whole
+    # (a failed phase does not make a trace incomplete: see `error`)
     problems: list[str]
     load_bucket: str = ""  # load bucket label, e.g. "3-4"
     rendezvous_first: str | None = None  # push: "registration" or "prefill"
@@ -110,6 +111,7 @@ class RunAnalysis:
     buckets: tuple[int, ...] = ()
     load_buckets: tuple[int, ...] = ()
     source: str = ""
+    skew_policy: str = "midpoint"
     _index: dict[str, RequestAnalysis] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -157,6 +159,7 @@ class RunAnalysis:
             "version": JSON_VERSION,
             "source": self.source,
             "skew_corrected": self.skew_corrected,
+            "skew_policy": self.skew_policy,
             "load_stats": self.stats.to_json(),
             "clock_offsets_ms": {k: v.to_json() for k, v in self.clock_offsets.items()},
             "requests": [r.to_json(spans=spans) for r in self.requests],

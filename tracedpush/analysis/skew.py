@@ -16,13 +16,20 @@ How the offset is chosen (and why):
   compatible intervals anyway.
 * The tightest bounds follow from all pairs at once (shortest paths over the
   constraint graph, so P<->D pairs such as WRITE -> notification tighten both).
-* If the interval contains 0, the offset is 0: the evidence does not support any
-  correction, and we never correct beyond it. Otherwise the offset is the interval's
-  midpoint (NTP's symmetric-delay assumption). ``bound_ms`` is the largest error the
-  chosen value can have within the interval.
-* Instances are fixed one at a time, each fixing re-tightening the others, so the
-  chosen offsets are jointly consistent: first those whose interval contains 0 (they
-  stay at 0), then the rest, narrowest interval first.
+* The offset is the midpoint of the interval (NTP's symmetric-delay assumption), so it
+  never leaves what the evidence allows. The midpoint depends only on the evidence, not
+  on where the raw clocks happen to sit: shifting one instance's clock by any constant
+  moves its estimate by exactly that constant and changes no attribution. The price:
+  two clocks that are really equal (one host) get a correction of up to half the
+  asymmetry between the delays the pairs bracket; the interval then contains 0, which
+  the report shows. Policy "zero" instead keeps 0 whenever the interval contains it
+  (smallest correction; not shift-equivariant).
+* Evidence from one direction only (a half-open interval) gets the smallest correction
+  it forces (often 0); no evidence at all gets 0 with an infinite bound.
+* ``lo_ms``/``hi_ms`` are what the pairs alone allow; ``bound_ms`` is the largest error
+  the chosen value can have within them.
+* Instances are fixed one at a time, narrowest interval first, each fixing
+  re-tightening the others, so the chosen offsets are jointly consistent.
 * If the pairs contradict each other (lo > hi, e.g. a clock that jumped), the
   midpoint is used and the offset is flagged ``consistent=False``.
 """
@@ -142,19 +149,28 @@ def _shortest(nodes: list[str], w: Mapping[tuple[str, str], float]) -> dict[str,
     return d
 
 
+POLICIES = ("midpoint", "zero")
+
+
 def estimate(
     indexes: Iterable[TraceIndex],
     dom: Mapping[Resource, str],
     reference: str,
+    policy: str = "midpoint",
 ) -> dict[str, ClockOffset]:
-    """Offsets (ms) of every domain relative to `reference`; see the module docstring."""
+    """Offsets (ms) of every domain relative to `reference`; see the module docstring.
+
+    `policy`: "midpoint" (default, shift-equivariant) or "zero" (keep 0 whenever the
+    evidence allows it; the rest get midpoints).
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"unknown skew policy {policy!r}; use one of {POLICIES}")
     edges = collect(indexes, dom)
     host = {}
     for r, label in dom.items():
         host.setdefault(label, r.host)
     nodes = sorted(set(dom.values()) | {reference})
     w: dict[tuple[str, str], float] = dict(edges.w)
-    fixed: dict[str, float] = {reference: 0.0}
     out: dict[str, ClockOffset] = {
         reference: ClockOffset(
             reference,
@@ -170,6 +186,7 @@ def estimate(
     d = _shortest(nodes, w)
     consistent_graph = all(d[x][x] >= 0 for x in nodes)
     todo = [x for x in nodes if x != reference]
+    evidence: dict[str, tuple[float, float]] = {}  # what the pairs alone allow
     while todo:
         if not consistent_graph:
             # Contradictory evidence somewhere: judge each domain by its direct pairs
@@ -178,43 +195,45 @@ def estimate(
                 reference: {x: w.get((reference, x), INF) for x in nodes},
                 **{x: {reference: w.get((x, reference), INF)} for x in nodes if x != reference},
             }
-        intervals = {}
-        for x in todo:
-            hi = d[reference].get(x, INF)
-            lo = -d[x].get(reference, INF)
-            intervals[x] = (lo, hi)
-        # Domains the evidence allows to stay uncorrected go first (fixed at 0), so a
-        # guessed midpoint elsewhere cannot push a correct clock off zero.
-        zero_ok = [k for k in todo if intervals[k][0] <= 0.0 <= intervals[k][1]]
-        x = min(zero_ok or todo, key=lambda k: (intervals[k][1] - intervals[k][0], k))
+        intervals = {x: (-d[x].get(reference, INF), d[reference].get(x, INF)) for x in todo}
+        for x, iv in intervals.items():
+            evidence.setdefault(x, iv)
+        candidates = todo
+        if policy == "zero":  # those allowed to stay at 0 first, so guesses do not move them
+            candidates = [k for k in todo if intervals[k][0] <= 0.0 <= intervals[k][1]] or todo
+        x = min(candidates, key=lambda k: (intervals[k][1] - intervals[k][0], k))
         lo, hi = intervals[x]
         todo.remove(x)
-        consistent = lo <= hi
-        if lo == -INF and hi == INF:
-            value = 0.0
-        elif lo == -INF:
-            value = min(0.0, hi)
-        elif hi == INF:
-            value = max(0.0, lo)
-        elif lo <= 0.0 <= hi:
-            value = 0.0
-        else:
-            value = (lo + hi) / 2.0
-        bound = max(value - lo, hi - value) if consistent else abs(hi - lo) / 2.0
+        value = _choose(lo, hi, policy)
+        lo0, hi0 = evidence[x]
+        consistent = lo0 <= hi0 and lo <= hi
+        bound = max(value - lo0, hi0 - value) if consistent else abs(hi0 - lo0) / 2.0
         out[x] = ClockOffset(
             instance=x,
             offset_ms=value / 1e6,
             bound_ms=bound / 1e6,
             pairs=edges.n.get(x, 0),
             host=host.get(x, ""),
-            lo_ms=lo / 1e6,
-            hi_ms=hi / 1e6,
+            lo_ms=lo0 / 1e6,
+            hi_ms=hi0 / 1e6,
             consistent=consistent,
         )
-        fixed[x] = value
         if consistent_graph:
             w[(reference, x)] = min(w.get((reference, x), INF), value)
             w[(x, reference)] = min(w.get((x, reference), INF), -value)
             d = _shortest(nodes, w)
             consistent_graph = all(d[k][k] >= -1e-6 for k in nodes)
     return out
+
+
+def _choose(lo: float, hi: float, policy: str) -> float:
+    """The offset picked inside [lo, hi] (ns)."""
+    if lo == -INF and hi == INF:
+        return 0.0  # no evidence: no correction
+    if lo == -INF:  # evidence from one direction only: the smallest correction allowed
+        return min(0.0, hi)
+    if hi == INF:
+        return max(0.0, lo)
+    if policy == "zero" and lo <= 0.0 <= hi:
+        return 0.0
+    return (lo + hi) / 2.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
+from functools import lru_cache
 
 from tracedpush import semconv as sc
 from tracedpush.analysis.model import STATUS_ERROR, Span
@@ -63,6 +64,7 @@ def lane_of(span: Span) -> str:
     return f"{res.service}/{res.instance}/{thread}"
 
 
+@lru_cache(maxsize=4096)
 def lane_sort_key(lane: str, role: str) -> tuple[int, str, int, str]:
     _service, _, rest = lane.partition("/")
     instance, _, thread = rest.partition("/")
@@ -127,7 +129,9 @@ class TraceIndex:
             rid = self.root.attributes.get(sc.REQUEST_ID)
             if rid:
                 return str(rid)
-        for s in self.spans:
+        # the proxy's legs carry the id the client sent; engines may decorate theirs
+        ordered = sorted(self.spans, key=lambda s: role_of(s) != PROXY)
+        for s in ordered:
             rid = s.attributes.get(sc.REQUEST_ID)
             if rid:
                 return str(rid)

@@ -20,7 +20,7 @@ from typing import Any
 
 from tracedpush.bench.workload import PromptMaker, RequestResult, run_workload, summarize
 from tracedpush.launcher.deployment import Deployment, DeploymentConfig
-from tracedpush.launcher.processes import LaunchError
+from tracedpush.launcher.processes import LaunchError, stop_on_sigterm
 from tracedpush.launcher.servers import traced_connectors_available
 
 MODES = ("push", "pull")
@@ -60,15 +60,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lengths",
         type=_ints,
-        default=[100, 500, 1500, 3000],
+        default="100,500,1500,3000",
         help="prompt lengths in tokens (comma-separated buckets)",
     )
     parser.add_argument(
-        "--concurrency", type=_ints, default=[1, 4], help="concurrency levels (comma-separated)"
+        "--concurrency", type=_ints, default="1,4", help="concurrency levels (comma-separated)"
     )
     parser.add_argument("--max-tokens", type=int, default=32, help="output tokens per request")
     parser.add_argument(
-        "--modes", type=lambda s: s.split(","), default=list(MODES), help="modes to run, in order"
+        "--modes",
+        type=lambda s: s.split(","),
+        default=",".join(MODES),
+        help="modes to run, in order",
     )
     parser.add_argument("--no-trace", action="store_true", help="use vLLM's untraced connectors")
     parser.add_argument(
@@ -114,8 +117,14 @@ def run_mode(
         startup = deployment.startup_seconds
         # First request per mode pays the NIXL handshake: measured, kept apart.
         warm = PromptMaker(model, seed=1).mix([min(args.lengths), max(args.lengths)], 2)
+        _say(f"{mode}: 2 warm-up requests (the first one pays the NIXL handshake)")
         warmup = run_workload(
-            deployment.proxy_url, warm, 1, args.max_tokens, request_id_prefix=f"demo-{mode}-w"
+            deployment.proxy_url,
+            warm,
+            1,
+            args.max_tokens,
+            request_id_prefix=f"demo-{mode}-w{int(time.time())}",
+            progress=_progress(f"{mode} warm-up", 1),
         )
         for conc in args.concurrency:
             _say(f"{mode}: {len(prompts)} requests at concurrency {conc}")
@@ -191,35 +200,16 @@ def _console_hook(traces: Path, no_console: bool) -> None:
     serve(traces)
 
 
-def run(args: argparse.Namespace) -> int:
-    from tracedpush.model.build import ensure_model
-
-    t0 = time.monotonic()
-    run_dir = (args.run_dir or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-demo").absolute()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    _say(f"run dir {run_dir}")
-    model = ensure_model(args.model, log=_say)
-    trace = not args.no_trace
-    if trace and not traced_connectors_available():
-        _say("tracedpush.connector is not installed yet: running vLLM's untraced connectors")
-        trace = False
-    prompts = PromptMaker(model, seed=0).mix(args.lengths, args.requests)
-    _say(
-        f"workload: {len(prompts)} prompts of {args.lengths} tokens, {args.max_tokens} output "
-        f"tokens, concurrency {args.concurrency}, modes {args.modes}"
-    )
-    runs: dict[str, dict[str, Any]] = {}
-    for mode in args.modes:
-        try:
-            runs[mode] = run_mode(mode, args, model, run_dir, trace, prompts)
-        except LaunchError as e:
-            print(f"tracedpush demo: {mode} mode failed to start: {e}", file=sys.stderr)
-            return 1
-        _say(f"{mode} done in {runs[mode]['seconds']:.0f}s")
-
-    total = time.monotonic() - t0
-    text = table(runs, args.lengths, args.concurrency)
-    out = {
+def _results(
+    args: argparse.Namespace,
+    model: Path,
+    trace: bool,
+    runs: dict[str, dict[str, Any]],
+    total: float,
+    text: str,
+) -> dict[str, Any]:
+    """results.json: config, per-mode startup and requests, summaries, the table."""
+    return {
         "config": {
             "model": str(model),
             "lengths": args.lengths,
@@ -244,7 +234,43 @@ def run(args: argparse.Namespace) -> int:
         },
         "table": text,
     }
-    (run_dir / "results.json").write_text(json.dumps(out, indent=1))
+
+
+def run(args: argparse.Namespace) -> int:
+    from tracedpush.model.build import ensure_model
+
+    stop_on_sigterm()  # SIGTERM stops the running deployment like Ctrl-C
+    t0 = time.monotonic()
+    run_dir = (args.run_dir or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-demo").absolute()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _say(f"run dir {run_dir}")
+    model = ensure_model(args.model, log=_say)
+    trace = not args.no_trace
+    if trace and not traced_connectors_available():
+        _say("tracedpush.connector is not installed yet: running vLLM's untraced connectors")
+        trace = False
+    prompts = PromptMaker(model, seed=0).mix(args.lengths, args.requests)
+    _say(
+        f"workload: {len(prompts)} prompts of {args.lengths} tokens, {args.max_tokens} output "
+        f"tokens, concurrency {args.concurrency}, modes {args.modes}"
+    )
+    runs: dict[str, dict[str, Any]] = {}
+    results_path = run_dir / "results.json"
+    for mode in args.modes:
+        try:
+            runs[mode] = run_mode(mode, args, model, run_dir, trace, prompts)
+        except LaunchError as e:
+            print(f"tracedpush demo: {mode} mode failed to start: {e}", file=sys.stderr)
+            return 1
+        _say(f"{mode} done in {runs[mode]['seconds']:.0f}s")
+        # Written after each mode, so an interrupted demo keeps what it measured.
+        text = table(runs, args.lengths, args.concurrency)
+        out = _results(args, model, trace, runs, time.monotonic() - t0, text)
+        results_path.write_text(json.dumps(out, indent=1))
+
+    total = time.monotonic() - t0
+    text = table(runs, args.lengths, args.concurrency)
+    results_path.write_text(json.dumps(_results(args, model, trace, runs, total, text), indent=1))
     failures = sum(not x.ok for r in runs.values() for x in r["results"])
 
     print()
@@ -256,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{m}: engines ready in {r['startup_s']:.0f}s; logs {run_dir / m}")
     if trace:
         print(f"traces: {run_dir / 'traces'} (push/ and pull/)")
-    print(f"results: {run_dir / 'results.json'}; demo took {total:.0f}s")
+    print(f"results: {results_path}; demo took {total:.0f}s")
     if failures:
         print(f"{failures} request(s) failed; see results.json and the logs", file=sys.stderr)
     if trace:

@@ -3,7 +3,7 @@
 Used by `tracedpush demo` and the benchmarks. Every request carries an ``X-Request-Id``
 so client-side results join the traces (the proxy and both engines key on that id).
 
-* TTFT: request sent -> first chunk carrying generated text.
+* TTFT: request sent -> first streamed chunk carrying a generated token.
 * TPOT: (last token - first token) / (output tokens - 1), i.e. the decode inter-token time.
 
 Prompts of a given token length are cut from deterministic text with the served model's
@@ -50,6 +50,9 @@ class PromptMaker:
         from tracedpush.model.corpus import paragraphs
 
         self._text = " ".join(paragraphs(seed, 400))
+        self._ids: list[int] = []
+        if self.tokenizer is not None:  # tokenised once; prompts are windows into it
+            self._ids = self.tokenizer.encode(self._text, add_special_tokens=False).ids
 
     def count(self, text: str) -> int:
         if self.tokenizer is None:
@@ -57,25 +60,28 @@ class PromptMaker:
         return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     def make(self, n_tokens: int, index: int = 0, label: str = "") -> Prompt:
-        """A prompt of ``n_tokens`` tokens; ``index`` varies its start (unique prompts)."""
-        start = (index * 7919) % max(1, len(self._text) // 2)
-        # A distinct lead-in per index so no two prompts share a prefix.
-        source = f"Request {index}: " + self._text[start:] + " " + self._text[:start]
-        while len(source) < n_tokens * 8:
-            source += " " + source
+        """A prompt of ``n_tokens`` tokens; ``index`` varies it (no shared prefixes)."""
+        lead = f"Request {index}: "  # a distinct start per index
+        label = label or str(n_tokens)
         if self.tokenizer is None:
-            text = source[: n_tokens * 3]
-            return Prompt(text, self.count(text), label or str(n_tokens))
-        ids = self.tokenizer.encode(source, add_special_tokens=False).ids
-        k = n_tokens
-        text = self.tokenizer.decode(ids[:k])
+            start = (index * 7919) % max(1, len(self._text) // 2)
+            body = (self._text[start:] + " " + self._text) * (1 + n_tokens * 3 // len(self._text))
+            text = (lead + body)[: n_tokens * 3]
+            return Prompt(text, self.count(text), label)
+        if self.count(lead) * 2 > n_tokens:  # too short for a lead-in
+            lead = ""
+        ids = self._ids
+        start = (index * 7919) % max(1, len(ids) // 2)
+        window = (ids[start:] + ids) * (1 + n_tokens // max(1, len(ids)))
+        k = max(0, n_tokens - self.count(lead))
+        text = lead + self.tokenizer.decode(window[:k])
         for _ in range(8):  # re-tokenising a cut can merge differently: nudge the cut
             got = self.count(text)
             if got == n_tokens:
                 break
-            k += n_tokens - got
-            text = self.tokenizer.decode(ids[:k])
-        return Prompt(text, self.count(text), label or str(n_tokens))
+            k = max(0, k + n_tokens - got)
+            text = lead + self.tokenizer.decode(window[:k])
+        return Prompt(text, self.count(text), label)
 
     def mix(self, lengths: Sequence[int], count: int) -> list[Prompt]:
         """``count`` prompts cycling through ``lengths`` (interleaved, so buckets see the
@@ -186,6 +192,13 @@ def _chunk_text(chunk: dict[str, Any]) -> str:
     return text
 
 
+def _is_token_chunk(chunk: dict[str, Any]) -> bool:
+    """A chunk that carries a generated token. Its text may be empty: a token holding
+    part of a multi-byte character is streamed with empty text (common with a tiny
+    byte-level tokenizer), and the usage-only final chunk has no choices."""
+    return bool(chunk.get("choices"))
+
+
 async def send_one(
     session: aiohttp.ClientSession,
     base_url: str,
@@ -205,6 +218,8 @@ async def send_one(
     origin = t0 if t_origin is None else t_origin
     first = last = None
     n_chunks, usage, status, error = 0, None, None, None
+    text: list[str] = []
+    finish = None
     try:
         async with session.post(
             base_url + path, json=body, headers={"X-Request-Id": request_id}
@@ -226,11 +241,14 @@ async def send_one(
                         break
                     if chunk.get("usage"):
                         usage = chunk["usage"]
-                    if _chunk_text(chunk):
+                    if _is_token_chunk(chunk):
                         now = time.perf_counter()
                         first = first or now
                         last = now
                         n_chunks += 1
+                        text.append(_chunk_text(chunk))
+                        for choice in chunk["choices"]:
+                            finish = choice.get("finish_reason") or finish
     except (aiohttp.ClientError, TimeoutError, ValueError) as e:
         error = f"{type(e).__name__}: {e}"
     end = time.perf_counter()
@@ -252,6 +270,7 @@ async def send_one(
         tpot_s=tpot,
         status=status,
         error=error,
+        extra={"finish_reason": finish, "text": "".join(text)},
     )
 
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 
 from tracedpush.launcher.deployment import Deployment, DeploymentConfig, default_run_dir
-from tracedpush.launcher.processes import LaunchError, tail
+from tracedpush.launcher.processes import LaunchError, stop_on_sigterm, tail
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -156,14 +155,6 @@ def config_from_args(args: argparse.Namespace) -> DeploymentConfig:
     )
 
 
-class _Stop(BaseException):
-    """Raised in the main thread by SIGTERM so `with Deployment` unwinds and tears down."""
-
-
-def _on_sigterm(signum: int, _frame: object) -> None:
-    raise _Stop(signal.Signals(signum).name)
-
-
 def _watch(deployment: Deployment) -> None:
     while True:
         time.sleep(2.0)
@@ -179,7 +170,7 @@ def _watch(deployment: Deployment) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    signal.signal(signal.SIGTERM, _on_sigterm)  # SIGINT already raises KeyboardInterrupt
+    stop_on_sigterm()  # SIGTERM unwinds like Ctrl-C: everything started is stopped
     deployment = None
     try:
         deployment = Deployment(config_from_args(args))
@@ -191,9 +182,9 @@ def run(args: argparse.Namespace) -> int:
             print("Press Ctrl-C to stop.\n", flush=True)
             _watch(deployment)  # until a signal unwinds us, or a process dies
             return 1
-    except (KeyboardInterrupt, _Stop):
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (Terminated)
         pass
-    except LaunchError as e:
+    except (LaunchError, ValueError) as e:
         print(f"tracedpush up: {e}", file=sys.stderr)
         return 1
     report = deployment.teardown if deployment else None

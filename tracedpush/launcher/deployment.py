@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from tracedpush.launcher import servers
 from tracedpush.launcher.processes import (
@@ -70,6 +71,7 @@ class DeploymentConfig:
     startup_timeout: float = 420.0
     stop_grace: float = 15.0
     engine_args: tuple[str, ...] = ()  # appended to every vLLM command line
+    kv_extra_config: dict[str, Any] = field(default_factory=dict)  # into kv_connector_extra_config
     proxy_args: tuple[str, ...] = ()
     start_proxy: bool = True
     env: dict[str, str] = field(default_factory=dict)  # extra env for every process
@@ -271,6 +273,7 @@ class Deployment:
                 c.trace,
                 self.traces_dir if c.trace else None,
                 c.engine_args,
+                kv_extra_config=c.kv_extra_config,
             )
             proc = ManagedProcess(
                 e.name,
@@ -332,10 +335,13 @@ class Deployment:
         """Every live process in the sessions this deployment started (servers + children)."""
         return session_members({p.pid for p in self.processes if p.pid})
 
-    def healthy(self) -> dict[str, bool]:
-        """Per-process health right now (process alive and /health answers 200)."""
+    def healthy(self, timeout: float = 10.0) -> dict[str, bool]:
+        """Per-process health right now (process alive and /health answers 200).
+
+        The timeout is generous: on 2 cores a busy engine can take seconds to answer.
+        """
         return {
-            p.name: p.alive() and (p.health_url is None or http_ok(p.health_url))
+            p.name: p.alive() and (p.health_url is None or http_ok(p.health_url, timeout))
             for p in self.processes
         }
 

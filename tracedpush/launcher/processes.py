@@ -33,6 +33,20 @@ class LaunchError(RuntimeError):
     """A server failed to start; the message names it and carries the tail of its log."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into an exception so `with Deployment` unwinds and tears down
+    exactly as on Ctrl-C (a KeyboardInterrupt subclass, so Ctrl-C handlers apply)."""
+
+
+def _raise_terminated(signum: int, _frame: object) -> None:
+    raise Terminated(signal.Signals(signum).name)
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM behave like Ctrl-C in this (main-thread) program."""
+    signal.signal(signal.SIGTERM, _raise_terminated)
+
+
 # ---------------------------------------------------------------------------- ports
 
 
@@ -71,13 +85,27 @@ def wait_ports_free(ports: Iterable[int], timeout: float = 10.0) -> list[int]:
 # ------------------------------------------------------------------- engines lock
 
 
+HELD_BY_ENV = "TRACEDPUSH_ENGINES_LOCK_HELD_BY"
+
+
+def _held_by_parent() -> bool:
+    """The parent process holds the lock for us (it set HELD_BY_ENV to its own pid)."""
+    return os.environ.get(HELD_BY_ENV) == str(os.getppid())
+
+
+def lock_delegation_env() -> dict[str, str]:
+    """Environment for a child process that should run engines under our lock."""
+    return {HELD_BY_ENV: str(os.getpid())}
+
+
 class EnginesLock:
     """Process-wide, re-entrant exclusive lock on the file every engine launch shares.
 
     Two vLLM pairs on a 2-core machine starve each other, and fixed ports collide, so
     whoever launches real engines (tests, `tracedpush up`, benchmarks) holds this lock.
     Re-entrant inside one process so a test session can hold it while the Deployments it
-    creates take it again. ``flock`` in a shell script interoperates.
+    creates take it again; a holder can delegate it to a child process it starts
+    (``lock_delegation_env()``). ``flock`` in a shell script interoperates.
     """
 
     _guard = threading.Lock()
@@ -95,7 +123,7 @@ class EnginesLock:
     def acquire(self) -> None:
         cls = type(self)
         with cls._guard:
-            if cls._fd is not None:
+            if cls._fd is not None or _held_by_parent():
                 cls._depth += 1
                 return
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -110,10 +138,10 @@ class EnginesLock:
     def release(self) -> None:
         cls = type(self)
         with cls._guard:
-            if cls._fd is None:
+            if cls._depth == 0:
                 return
             cls._depth -= 1
-            if cls._depth == 0:
+            if cls._depth == 0 and cls._fd is not None:
                 fcntl.flock(cls._fd, fcntl.LOCK_UN)
                 os.close(cls._fd)
                 cls._fd = None

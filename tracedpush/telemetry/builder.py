@@ -27,8 +27,8 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from tracedpush import __version__, semconv
 from tracedpush.telemetry import events as ev
 from tracedpush.telemetry.context import (
-    base_request_id,
     parse_traceparent,
+    request_key,
     span_id_for,
     trace_id_for,
 )
@@ -206,7 +206,7 @@ class SpanBuilder:
 
     # ------------------------------------------------------------------ helpers
     def _req(self, req_id: str) -> _Req:
-        base = base_request_id(req_id)
+        base = request_key(req_id)
         req = self._reqs.get(base)
         if req is None:
             req = self._reqs[base] = _Req(base)
@@ -430,7 +430,7 @@ class SpanBuilder:
             name = semconv.SPAN_PREFILL
             end = req.finished
             if req.sched:
-                events.append(Event("compute_started", timestamp=req.sched))
+                events.append(Event(semconv.EVENT_COMPUTE_STARTED, timestamp=req.sched))
             if not end and not final:
                 return
             if not end:
@@ -445,9 +445,9 @@ class SpanBuilder:
             name = semconv.SPAN_DECODE
             end = req.sched
             if req.alloc:
-                events.append(Event("blocks_allocated", timestamp=req.alloc))
+                events.append(Event(semconv.EVENT_BLOCKS_ALLOCATED, timestamp=req.alloc))
             if req.recv_done:
-                events.append(Event("kv_received", timestamp=req.recv_done))
+                events.append(Event(semconv.EVENT_KV_RECEIVED, timestamp=req.recv_done))
             if not end:
                 if req.finished:
                     end = req.finished
@@ -505,9 +505,9 @@ class SpanBuilder:
             attrs[semconv.RENDEZVOUS_FIRST] = first
             events = []
             if req.reg_arrival:
-                events.append(Event("registration_arrived", timestamp=req.reg_arrival))
+                events.append(Event(semconv.EVENT_REGISTRATION_ARRIVED, timestamp=req.reg_arrival))
             if req.finished:
-                events.append(Event("prefill_finished", timestamp=req.finished))
+                events.append(Event(semconv.EVENT_PREFILL_FINISHED, timestamp=req.finished))
             error = None
             end = match
             if not end:
@@ -543,7 +543,10 @@ class SpanBuilder:
             error = None
             end = req.reg_sent
             hs = [h for h in req.handshakes if h[2] == req.remote_engine]
-            events = [Event("handshake", {"duration_ms": (h[1] - h[0]) / 1e6}, h[1]) for h in hs]
+            events = [
+                Event(semconv.EVENT_HANDSHAKE, {"duration_ms": (h[1] - h[0]) / 1e6}, h[1])
+                for h in hs
+            ]
             if not end:
                 end = req.last_seen
                 failed = [h for h in hs if h[3]]
@@ -680,7 +683,7 @@ class SpanBuilder:
         attrs[semconv.NOTIFY_RECEIVED] = received
         start = req.notif_times[0] if received else done_time
         end = done_time or req.notif_times[-1]
-        events = [Event("notification", timestamp=t) for t in req.notif_times]
+        events = [Event(semconv.EVENT_NOTIFICATION, timestamp=t) for t in req.notif_times]
         error = None
         if req.failed:
             error = (req.failed, "transfer reported failed")

@@ -25,6 +25,23 @@ def base_request_id(request_id: str) -> str:
     return _SUFFIX_RE.sub("", request_id)
 
 
+_OPENAI_ID_RE = re.compile(r"^(?:cmpl-(?P<c>.+)-\d+|chatcmpl-(?P<chat>.+))$")
+
+
+def request_key(request_id: str) -> str:
+    """The client's X-Request-Id behind an engine's request id.
+
+    vLLM's OpenAI server turns X-Request-Id `X` into `cmpl-X-<choice>` (completions) or
+    `chatcmpl-X` (chat), then the engine appends `-<8 hex>`. P and D see the same shape,
+    so this key is shared by both and equals the id the proxy records on its spans.
+    """
+    base = base_request_id(request_id)
+    m = _OPENAI_ID_RE.match(base)
+    if m is None:
+        return base
+    return m.group("c") or m.group("chat")
+
+
 def _digest(data: str, size: int) -> int:
     value = int.from_bytes(hashlib.blake2b(data.encode(), digest_size=size).digest(), "big")
     return value or 1  # all-zero ids are invalid in W3C / OTLP

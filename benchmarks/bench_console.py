@@ -1,0 +1,210 @@
+"""Console first render for 10,000 requests: the issue's "under 2 s" target.
+
+Generates synthetic push/pull traces (tracedpush.analysis.synthetic), then measures:
+
+* load + analysis of the directory, once per server (cold; cached afterwards),
+* each page's first render for a new session with the analysis cached (AppTest, the
+  script run that builds every figure),
+* a real browser (headless Chromium against `streamlit run`): the first visit (cold
+  server: includes load + analysis) and a new tab afterwards (warm), until the script has
+  finished and every Plotly chart has drawn.
+
+Prints a table and writes docs/benchmarks/console.md and console.json.
+
+    python benchmarks/bench_console.py [--requests 10000] [--no-browser]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+APP = REPO / "console" / "app.py"
+OUT = REPO / "docs" / "benchmarks"
+PAGES = {  # page -> (AppTest page path, URL path, charts it draws)
+    "overview": (None, "", 5),
+    "timeline": ("pages/timeline.py", "timeline", 1),
+    "phases": ("pages/phases.py", "phases", 1),
+    "live": ("pages/live.py", "live", 1),
+    "export": ("pages/export.py", "export", 0),
+}
+
+
+def _write_traces(n: int, directory: Path) -> float:
+    from tracedpush.analysis.synthetic import generate
+
+    started = time.perf_counter()
+    generate(n, seed=1, clock_offsets_ms={"decode-0": 5.0}, start_unix_s=time.time() - 3600).write(
+        directory
+    )
+    return time.perf_counter() - started
+
+
+def _load(directory: Path) -> dict[str, float]:
+    from tracedpush.console import data
+    from tracedpush.console.source import Source
+
+    feed = data.Feed(Source("traces", str(directory)))
+    started = time.perf_counter()
+    snap = feed.snapshot()
+    total = time.perf_counter() - started
+    derived = time.perf_counter()
+    _ = snap.table, snap.comparison, snap.phase_frame
+    return {
+        "load_and_analyse_s": total,
+        "analyse_s": feed.analysis_seconds,
+        "derived_frames_s": time.perf_counter() - derived,
+        "requests": len(snap.run.requests),
+        "spans": snap.stats.spans,
+    }
+
+
+def _apptest(directory: Path, repeats: int) -> dict[str, dict[str, float]]:
+    """Per page: seconds of the first script run for a new session, cache warm."""
+    from streamlit.testing.v1 import AppTest
+
+    os.environ["TRACEDPUSH_TRACES"] = str(directory)
+    started = time.perf_counter()
+    AppTest.from_file(str(APP), default_timeout=600).run()  # loads and caches the feed
+    cold = time.perf_counter() - started
+    out: dict[str, dict[str, float]] = {"_cold_first_run": {"median_s": cold, "max_s": cold}}
+    for name, (page, _, _) in PAGES.items():
+        times = []
+        for _ in range(repeats):
+            at = AppTest.from_file(str(APP), default_timeout=600)
+            if page is None:
+                t = time.perf_counter()
+                at.run()
+            else:
+                at.run()  # st.navigation needs one run before switching pages
+                at.switch_page(page)
+                t = time.perf_counter()
+                at.run()
+            times.append(time.perf_counter() - t)
+            if at.exception:
+                raise SystemExit(f"{name}: {at.exception[0].value}")
+        out[name] = {"median_s": statistics.median(times), "max_s": max(times)}
+    return out
+
+
+def _visit(driver, url: str, charts: int) -> float:
+    from tracedpush.console import browser
+
+    started = time.perf_counter()
+    driver.get(url)
+    browser.wait_rendered(driver, charts=charts, timeout=600)
+    return time.perf_counter() - started
+
+
+def _browser(directory: Path, repeats: int) -> dict[str, dict[str, float]]:
+    """Chromium against `streamlit run`: every page load is a new Streamlit session."""
+    from tracedpush.console import browser
+    from tracedpush.console_command import ConsoleServer
+
+    missing = browser.available()
+    if missing:
+        return {"skipped": {"reason": f"needs {missing}"}}  # type: ignore[dict-item]
+    out: dict[str, dict[str, float]] = {}
+    with ConsoleServer(["--traces", str(directory)], timeout=120) as server:
+        with browser.chromium() as driver:  # cold server, empty browser cache
+            driver.get(f"{server.url}/_stcore/health")
+            cold = _visit(driver, server.url, 5)
+            out["_cold_overview"] = {"median_s": cold, "max_s": cold}
+        with browser.chromium() as driver:  # a new browser: nothing cached
+            driver.get(f"{server.url}/_stcore/health")
+            fresh = _visit(driver, server.url, 5)
+            out["_fresh_browser_overview"] = {"median_s": fresh, "max_s": fresh}
+            for name, (_, url_path, charts) in PAGES.items():  # returning browser
+                times = [_visit(driver, f"{server.url}/{url_path}", charts) for _ in range(repeats)]
+                out[name] = {"median_s": statistics.median(times), "max_s": max(times)}
+    return out
+
+
+def _markdown(result: dict) -> str:
+    lines = [
+        "# Console first render",
+        "",
+        f"`python benchmarks/bench_console.py --requests {result['requests']}` on "
+        f"{result['machine']} ({result['cpus']} CPUs), {result['date']}; 1-minute load "
+        f"average {result['loadavg_start']:.1f} at the start, {result['loadavg_end']:.1f} at "
+        "the end (other work shared the machine).",
+        "Synthetic push/pull traces (`tracedpush.analysis.synthetic`): "
+        f"{result['load']['requests']:,} requests, {result['load']['spans']:,} spans.",
+        "",
+        "| what | median s | max s |",
+        "|---|---:|---:|",
+        f"| load + analysis (once per server, then cached) | "
+        f"{result['load']['load_and_analyse_s']:.2f} | |",
+        f"| of which analysis | {result['load']['analyse_s']:.2f} | |",
+    ]
+    for name, row in result["apptest"].items():
+        label = "first script run, cold (includes load)" if name.startswith("_") else name
+        lines.append(f"| AppTest {label} | {row['median_s']:.2f} | {row['max_s']:.2f} |")
+    for name, row in result.get("browser", {}).items():
+        if "median_s" not in row:
+            lines.append(f"| browser: {row.get('reason')} | | |")
+            continue
+        label = {
+            "_cold_overview": "first visit after server start (includes load + analysis)",
+            "_fresh_browser_overview": "overview, new browser (nothing cached), analysis cached",
+        }.get(name, f"{name}, new session, analysis cached")
+        lines.append(f"| Chromium {label} | {row['median_s']:.2f} | {row['max_s']:.2f} |")
+    lines += [
+        "",
+        "AppTest rows: one script run for a new session with the analysis cached (every",
+        "figure built and serialised). Chromium rows: from navigation until the script has",
+        "finished and every Plotly chart has drawn its SVG; each page load is a new Streamlit",
+        "session (a returning browser has Streamlit's JavaScript cached). Target (issue 5):",
+        "under 2 s with the analysis cached. The cold rows are what the first visitor after",
+        "a server start waits, once.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-browser", action="store_true")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(REPO))
+
+    with tempfile.TemporaryDirectory(prefix="tracedpush-bench-console-") as tmp:
+        directory = Path(tmp)
+        print(f"generating {args.requests:,} requests ...", flush=True)
+        gen_s = _write_traces(args.requests, directory)
+        result = {
+            "requests": args.requests,
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "date": time.strftime("%Y-%m-%d"),
+            "loadavg_start": os.getloadavg()[0],
+            "generate_s": gen_s,
+            "load": _load(directory),
+        }
+        print(f"load + analysis: {result['load']['load_and_analyse_s']:.2f} s", flush=True)
+        result["apptest"] = _apptest(directory, args.repeats)
+        if not args.no_browser:
+            result["browser"] = _browser(directory, args.repeats)
+    result["loadavg_end"] = os.getloadavg()[0]
+    text = _markdown(result)
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "console.md").write_text(text)
+    (args.out / "console.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out / 'console.md'} and console.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

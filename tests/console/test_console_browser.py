@@ -1,0 +1,118 @@
+"""The console in a real headless Chromium, served by `streamlit run` on synthetic traces:
+pages render their Plotly charts without exceptions, a click on a request opens its
+timeline, and screenshots land in artifacts/ for a human to look at."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from conftest import ARTIFACTS
+
+from tracedpush.console import browser
+from tracedpush.console_command import ConsoleServer
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def served(traces):
+    missing = browser.available()
+    if missing:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"browser test needs {missing}")
+    ARTIFACTS.mkdir(exist_ok=True)
+    with ConsoleServer(
+        ["--traces", str(traces[0])], log_path=ARTIFACTS / "console-synthetic-server.log"
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def driver(served):
+    with browser.chromium() as d:
+        yield d
+
+
+def _svg_count(driver, css: str) -> int:
+    return driver.execute_script(f"return document.querySelectorAll({css!r}).length")
+
+
+def test_overview_renders_all_charts(served, driver):
+    driver.get(served.url)
+    browser.wait_rendered(driver, charts=5, timeout=120)
+    assert not browser.exception_text(driver)
+    assert _svg_count(driver, "[data-testid='stPlotlyChart']") >= 5
+    assert _svg_count(driver, "[data-testid='stPlotlyChart'] .scatterlayer .js-line") >= 4
+    assert _svg_count(driver, "[data-testid='stPlotlyChart'] .barlayer .point") > 20
+    browser.screenshot(driver, ARTIFACTS / "console-overview.png")
+
+
+def test_timeline_renders_push_beside_pull(served, driver, expected):
+    req = expected.by_mode("push")[5]
+    driver.get(f"{served.url}/timeline?request={req.trace_id}")
+    browser.wait_rendered(driver, charts=1, timeout=120)
+    assert not browser.exception_text(driver)
+    titles = driver.execute_script(
+        "return [...document.querySelectorAll('.js-plotly-plot .annotation-text')]"
+        ".map(e => e.textContent)"
+    )
+    assert any(req.request_id in t and t.startswith("push") for t in titles)
+    assert any(t.startswith("pull") for t in titles)
+    bars = len(req.critical_path) + len(req.hidden) + len(req.spans)
+    assert _svg_count(driver, ".js-plotly-plot .barlayer .point") >= bars
+    browser.screenshot(driver, ARTIFACTS / "console-timeline.png")
+
+
+def test_clicking_a_request_opens_its_timeline(served, driver):
+    driver.get(served.url)
+    browser.wait_rendered(driver, charts=5, timeout=120)
+    # The "every request" scatter is the last chart; select its first point the way
+    # plotly.js reports a click (plotly_selected), which Streamlit turns into a rerun.
+    picked = driver.execute_script(
+        """
+        const charts = document.querySelectorAll("[data-testid='stPlotlyChart'] .js-plotly-plot");
+        const gd = charts[charts.length - 1];
+        const trace = gd.data[0];
+        const custom = Array.from(trace.customdata[0]);
+        gd.emit('plotly_selected', {points: [{curveNumber: 0, pointNumber: 0, pointIndex: 0,
+            x: trace.x[0], y: trace.y[0], customdata: custom,
+            data: trace, fullData: gd._fullData[0]}]});
+        return custom[custom.length - 1];
+        """
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "timeline" not in driver.current_url:
+        time.sleep(0.1)
+    assert "/timeline" in driver.current_url and f"request={picked}" in driver.current_url
+    browser.wait_rendered(driver, charts=1, timeout=120)
+    assert not browser.exception_text(driver)
+
+
+def test_clicking_an_outlier_opens_its_timeline(served, driver):
+    driver.get(f"{served.url}/phases")
+    browser.wait_rendered(driver, charts=1, timeout=120)
+    picked = driver.execute_script(
+        """
+        const gd = document.querySelector("[data-testid='stPlotlyChart'] .js-plotly-plot");
+        const c = gd.data.findIndex(t => t.meta && t.meta.kind === 'phase_top'
+            && t.meta.phase === 'prefill' && t.meta.mode === 'push');
+        const t = gd.data[c];
+        const custom = Array.from(t.customdata[0]);
+        gd.emit('plotly_selected', {points: [{curveNumber: c, pointNumber: 0, pointIndex: 0,
+            x: t.x[0], y: t.y[0], customdata: custom, data: t, fullData: gd._fullData[c]}]});
+        return custom[custom.length - 1];
+        """
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "timeline" not in driver.current_url:
+        time.sleep(0.1)
+    assert f"/timeline?request={picked}" in driver.current_url
+
+
+@pytest.mark.parametrize("page", ["phases", "live", "export"])
+def test_other_pages_render(served, driver, page):
+    driver.get(f"{served.url}/{page}")
+    browser.wait_rendered(driver, charts=0 if page == "export" else 1, timeout=120)
+    assert not browser.exception_text(driver)
+    browser.screenshot(driver, ARTIFACTS / f"console-{page}.png")

@@ -1,0 +1,88 @@
+"""`tracedpush console`: the command line it builds, and where it finds the app."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tracedpush import console_command
+from tracedpush.cli import main as cli_main
+from tracedpush.console.source import Source, from_args
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_app_is_found_through_the_package():
+    path = console_command.app_path()
+    assert path.is_file() and path.name == "app.py"
+    assert path.resolve() == (REPO / "console" / "app.py").resolve()
+
+
+def test_streamlit_command_is_headless_and_passes_the_source():
+    cmd = console_command.streamlit_command(["--traces", "/x"], port=8600, host="0.0.0.0")
+    assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"]
+    assert "--server.headless=true" in cmd and "--server.port=8600" in cmd
+    assert "--server.address=0.0.0.0" in cmd and "--browser.gatherUsageStats=false" in cmd
+    assert cmd[cmd.index("--") + 1 :] == ["--traces", "/x"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "app_args"),
+    [
+        (["--traces", "runs/x"], ["--traces", str(Path("runs/x").resolve())]),
+        (
+            ["--jaeger", "http://j:16686", "--lookback", "2h"],
+            ["--jaeger", "http://j:16686", "--lookback", "2h"],
+        ),
+    ],
+)
+def test_cli_runs_streamlit(monkeypatch, argv, app_args):
+    seen = {}
+
+    class Proc:
+        def __init__(self, cmd, env):
+            seen["cmd"] = cmd
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Proc)
+    assert cli_main(["console", *argv, "--port", "8999"]) == 0
+    cmd = seen["cmd"]
+    assert "--server.port=8999" in cmd
+    assert cmd[cmd.index("--") + 1 :] == app_args
+    # and the app reads the same arguments back
+    assert from_args(cmd[cmd.index("--") + 1 :]).kind == argv[0].lstrip("-")
+
+
+def test_cli_needs_a_source(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["console"])
+    assert "--traces" in capsys.readouterr().err
+
+
+def test_source_from_args_and_environment(tmp_path):
+    assert from_args(["--traces", str(tmp_path)], env={}) == Source("traces", str(tmp_path))
+    assert from_args([], env={"TRACEDPUSH_JAEGER": "http://j:16686/"}) == Source(
+        "jaeger", "http://j:16686"
+    )
+    assert from_args([], env={}).kind == "none"
+    # pytest's own flags (e.g. --trace) are not mistaken for --traces
+    assert from_args(["--trace", "-x", "tests/"], env={}).kind == "none"
+    assert Source.parse("http://localhost:16686").kind == "jaeger"
+    assert Source.parse(str(tmp_path)).location == str(tmp_path)
+
+
+def test_console_imports_neither_vllm_nor_nixl():
+    code = (
+        "import sys\n"
+        "import tracedpush.console_command, tracedpush.console.data, tracedpush.console.charts\n"
+        "import tracedpush.console.ui, tracedpush.console.export, tracedpush.console.browser\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'nixl', 'torch'))\n"
+        "print(bad)\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

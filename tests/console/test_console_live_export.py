@@ -1,0 +1,83 @@
+"""Live page (tails a growing directory) and Export page (CSV, Perfetto JSON)."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import pandas as pd
+from console_testing import no_exception
+
+from tracedpush.analysis import TraceStore, analyze, compare, to_perfetto
+from tracedpush.analysis.synthetic import generate
+from tracedpush.console import export
+
+
+def _metrics(at):
+    return {m.label: m.value for m in at.metric}
+
+
+def test_live_picks_up_new_traces(app, tmp_path):
+    now = time.time()
+    generate(40, seed=11, start_unix_s=now - 240).write(tmp_path / "first")
+    at = app(traces=tmp_path, page="pages/live.py")
+    no_exception(at)
+    assert _metrics(at)["push requests"] == "20"
+    window = analyze(TraceStore.from_path(tmp_path))
+    p50 = compare(window).overall.ttft["push"]["p50"]
+    assert any(f"{p50:,.1f} ms" in md.value for md in at.markdown)
+
+    generate(60, seed=12, start_unix_s=now - 120).write(tmp_path / "second")
+    for _ in range(20):  # the fragment refreshes on every run; allow a background pass
+        at.run()
+        if _metrics(at)["push requests"] == "50":
+            break
+        time.sleep(0.2)
+    no_exception(at)
+    assert _metrics(at)["push requests"] == "50"
+    assert _metrics(at)["pull requests"] == "50"
+    assert any("+" in c.value and "spans" in c.value for c in at.caption)
+
+
+def test_live_window_excludes_old_requests(app, tmp_path):
+    now = time.time()
+    generate(40, seed=13, start_unix_s=now - 3600).write(tmp_path / "old")
+    generate(20, seed=14, start_unix_s=now - 60).write(tmp_path / "new")
+    at = app(traces=tmp_path, page="pages/live.py")
+    no_exception(at)
+    assert _metrics(at)["push requests"] == "10"  # the last 5 minutes only
+
+
+def test_export_csv_is_the_analysis_table(traces, expected):
+    frame = pd.read_csv(io.BytesIO(export.table_csv(pd.DataFrame(expected.table()))))
+    assert len(frame) == len(expected.requests)
+    assert set(frame["trace_id"]) == {r.trace_id for r in expected.requests}
+    assert "critical_ms.WRITE" in frame.columns
+
+
+def test_export_perfetto_is_analysis_output(expected):
+    ids = [expected.requests[0].trace_id]
+    assert json.loads(export.perfetto_json(expected, ids)) == json.loads(
+        json.dumps(to_perfetto(expected, ids))
+    )
+
+
+def test_export_page_offers_both_downloads(app, traces, expected):
+    req = expected.by_mode("pull")[0]
+    at = app(traces=traces[0], page="pages/export.py", query={"request": req.trace_id})
+    no_exception(at)
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert labels == [
+        f"Download CSV ({len(expected.requests):,} requests)",
+        "Download Perfetto JSON (1 requests)",
+    ]
+    at.radio(key="perfetto_scope").set_value("all").run()
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert labels[1] == f"Download Perfetto JSON ({len(expected.requests):,} requests)"
+
+
+def test_export_without_selection_says_so(app, traces):
+    at = app(traces=traces[0], page="pages/export.py")
+    no_exception(at)
+    assert any("No request selected" in i.value for i in at.info)

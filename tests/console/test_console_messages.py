@@ -1,0 +1,101 @@
+"""Calm failures: every page answers a bad or empty source with a message, never a
+traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from console_testing import messages, no_exception
+
+from tracedpush.analysis.synthetic import generate
+from tracedpush.console_command import free_port
+
+PAGES = [None, "pages/timeline.py", "pages/phases.py", "pages/live.py", "pages/export.py"]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_empty_directory(app, tmp_path, page):
+    at = app(traces=tmp_path, page=page)
+    no_exception(at)
+    assert "No traces in" in messages(at)
+    assert not at.get("plotly_chart")
+
+
+@pytest.mark.parametrize("page", [None, "pages/live.py"])
+def test_missing_directory(app, tmp_path, page):
+    at = app(traces=tmp_path / "not-yet", page=page)
+    no_exception(at)
+    assert "does not exist" in messages(at)
+
+
+@pytest.mark.parametrize("page", [None, "pages/timeline.py"])
+def test_no_source_configured(app, page):
+    at = app(page=page)
+    no_exception(at)
+    assert "No trace source" in messages(at)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_malformed_file(app, tmp_path, page):
+    (tmp_path / "garbage.jsonl").write_text('{"resourceSpans": [{]}\nnot json at all\n')
+    at = app(traces=tmp_path, page=page)
+    no_exception(at)
+    assert "malformed" in messages(at)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_half_written_file_next_to_good_ones(app, tmp_path, page):
+    generate(20, seed=5).write(tmp_path)
+    doc = json.dumps(generate(2, seed=6).documents[0])
+    (tmp_path / "still-writing.jsonl").write_text(doc[: len(doc) // 2])  # no newline yet
+    at = app(traces=tmp_path, page=page)
+    no_exception(at)
+    text = messages(at)
+    if page == "pages/live.py":  # Live re-reads: a line that stopped growing is malformed
+        assert "half-written" in text or "malformed" in text
+    else:
+        assert "half-written" in text
+    if page != "pages/export.py":
+        assert at.get("plotly_chart")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_unreachable_jaeger(app, page):
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    at = app(jaeger=url, page=page)
+    no_exception(at)
+    text = messages(at)
+    assert "Jaeger" in text and url in text
+    assert not at.get("plotly_chart")
+
+
+def test_empty_directory_fills_up(app, tmp_path):
+    at = app(traces=tmp_path)
+    assert "No traces in" in messages(at)
+    generate(10, seed=8).write(tmp_path)
+    at.run()  # no Reload needed: an empty source is re-read on every run
+    no_exception(at)
+    assert len(at.get("plotly_chart")) == 5
+
+
+def test_incomplete_traces_are_drawn_and_flagged(app, tmp_path):
+    from tracedpush.analysis import TraceStore, analyze
+
+    generate(60, seed=9, drop_spans={"tracedpush.request": 0.15, "kv.write": 0.15}).write(tmp_path)
+    run = analyze(TraceStore.from_path(tmp_path))
+    rootless = next(r for r in run.requests if r.ttft_ms is None)
+    for page, query in [
+        (None, None),
+        ("pages/timeline.py", {"request": rootless.trace_id}),
+        ("pages/phases.py", None),
+        ("pages/live.py", None),
+        ("pages/export.py", None),
+    ]:
+        at = app(traces=tmp_path, page=page, query=query)
+        no_exception(at)
+        if page is None:
+            assert "incomplete traces" in messages(at)
+        if page == "pages/timeline.py":
+            assert "Incomplete trace" in messages(at)
+            assert at.get("plotly_chart")

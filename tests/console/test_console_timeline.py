@@ -1,0 +1,119 @@
+"""Request timeline page: the Gantt draws exactly the analysis' critical path, hidden
+phases and skew-corrected spans, push beside a comparable pull request."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import DECODE_SKEW_MS
+from console_testing import figure, no_exception, traces_of
+
+from tracedpush import semconv as sc
+from tracedpush.console import charts
+
+
+def _push_with_registration_first(traces, expected):
+    truth = traces[1].by_trace()
+    for r in expected.by_mode("push"):
+        if truth[r.trace_id].rendezvous_first == "registration" and r.complete:
+            return r
+    raise AssertionError("the synthetic run has no push request whose registration came first")
+
+
+def _segments(trace):
+    return list(zip(trace["text"], trace["base"], trace["x"], strict=True))
+
+
+def _expected(segments):
+    return [(s.phase, pytest.approx(s.start_ms), pytest.approx(s.duration_ms)) for s in segments]
+
+
+def test_push_timeline_draws_the_analysis_critical_path(app, traces, expected):
+    req = _push_with_registration_first(traces, expected)
+    at = app(traces=traces[0], page="pages/timeline.py", query={"request": req.trace_id})
+    no_exception(at)
+    fig = figure(at, "timeline")
+    (critical,) = traces_of(fig, kind="critical", trace_id=req.trace_id)
+    assert _segments(critical) == _expected(req.critical_path)
+    assert critical["marker"]["opacity"] == 1.0
+    (hidden,) = traces_of(fig, kind="hidden", trace_id=req.trace_id)
+    assert _segments(hidden) == _expected(req.hidden)
+    assert hidden["marker"]["opacity"] == charts.DIM
+    # The judged story: push's path runs through rendezvous, WRITE and notification...
+    phases = [s.phase for s in req.critical_path]
+    assert {"rendezvous wait", "WRITE", "notification"} <= set(phases)
+    assert critical["text"] == phases
+    # ...while registration overlapped prefill, on another lane, dimmed.
+    (dimmed,) = traces_of(fig, kind="spans-dimmed", trace_id=req.trace_id)
+    (lit,) = traces_of(fig, kind="spans", trace_id=req.trace_id)
+    assert sorted(dimmed["text"]) == sorted(s.name for s in req.spans if not s.on_critical_path)
+    assert sorted(lit["text"]) == sorted(s.name for s in req.spans if s.on_critical_path)
+    assert dimmed["marker"]["opacity"] == charts.DIM
+    spans = {s.name: s for s in req.spans}
+    register, prefill = spans[sc.SPAN_KV_REGISTER], spans[sc.SPAN_PREFILL]
+    assert not register.on_critical_path
+    assert register.lane != prefill.lane
+    assert prefill.start_ms < register.end_ms and register.start_ms < prefill.end_ms
+    i = dimmed["text"].index(sc.SPAN_KV_REGISTER)
+    assert dimmed["y"][i] == charts.lane_label(register.lane)
+    assert dimmed["base"][i] == pytest.approx(register.start_ms)
+
+
+def test_comparable_pull_request_shares_the_time_axis(app, traces, expected):
+    req = _push_with_registration_first(traces, expected)
+    at = app(traces=traces[0], page="pages/timeline.py", query={"request": req.trace_id})
+    fig = figure(at, "timeline")
+    shown = fig["layout"]["meta"]["trace_ids"]
+    assert shown[0] == req.trace_id
+    other = expected.get(shown[1])
+    assert other.mode == "pull"
+    # nearest prompt length among pull requests (load breaks ties)
+    best = min(abs((r.prompt_tokens or 0) - req.prompt_tokens) for r in expected.by_mode("pull"))
+    assert abs(other.prompt_tokens - req.prompt_tokens) <= max(best * 2, 64)
+    (critical,) = traces_of(fig, kind="critical", trace_id=other.trace_id)
+    assert _segments(critical) == _expected(other.critical_path)
+    assert {"relay", "READ"} <= set(critical["text"])
+    assert fig["layout"]["xaxis"]["matches"] == "x2"  # one shared time axis
+
+
+def test_clock_offsets_are_applied_and_shown(app, traces, expected):
+    req = _push_with_registration_first(traces, expected)
+    at = app(traces=traces[0], page="pages/timeline.py", query={"request": req.trace_id})
+    fig = figure(at, "timeline")
+    offset = expected.clock_offsets["decode-0"]
+    assert offset.offset_ms == pytest.approx(DECODE_SKEW_MS, abs=2 * offset.bound_ms + 0.5)
+    axis_titles = " ".join(
+        v["title"]["text"]
+        for k, v in fig["layout"].items()
+        if k.startswith("xaxis") and "title" in v
+    )
+    assert f"decode-0 {offset.offset_ms:+.2f} ms" in axis_titles
+    frames = [df.value for df in at.dataframe]
+    offsets = next(f for f in frames if "offset ms (subtracted)" in f.columns)
+    row = offsets.set_index("instance").loc["decode-0"]
+    assert row["offset ms (subtracted)"] == pytest.approx(offset.offset_ms)
+    # decode spans are drawn on the proxy's clock: decode starts after proxy.decode does
+    spans = {s.name: s for s in req.spans}
+    assert spans[sc.SPAN_DECODE].start_ms >= spans[sc.SPAN_PROXY_DECODE].start_ms
+
+
+def test_pick_by_id_and_by_slowest(app, traces, expected):
+    at = app(traces=traces[0], page="pages/timeline.py")
+    no_exception(at)
+    default = figure(at, "timeline")["layout"]["meta"]["trace_ids"]
+    assert expected.get(default[0]).mode == "push"
+
+    target = expected.by_mode("pull")[3]
+    at.text_input(key="typed_request").set_value(target.request_id).run()
+    no_exception(at)
+    assert target.trace_id in figure(at, "timeline")["layout"]["meta"]["trace_ids"]
+
+    frames = [df.value for df in at.dataframe]
+    table = next(f for f in frames if "TTFT ms" in f.columns)
+    assert table["request"].tolist() == [r.request_id for r in expected.slowest(20)]
+
+
+def test_unknown_request_id_is_a_message_not_an_error(app, traces):
+    at = app(traces=traces[0], page="pages/timeline.py")
+    at.text_input(key="typed_request").set_value("no-such-request").run()
+    no_exception(at)
+    assert any("no-such-request" in w.value for w in at.warning)

@@ -1,0 +1,270 @@
+"""`tracedpush report` outputs, the comparison, Perfetto export and timelines."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tracedpush import semconv as sc
+from tracedpush.analysis import TraceStore, analyze, compare, phases, synthetic, to_perfetto
+from tracedpush.analysis.compare import percentile
+from tracedpush.analysis.timeline import LoadCounter, bucket_label, load_label
+from tracedpush.cli import main as cli_main
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, synthetic.SyntheticRun]:
+    d = tmp_path_factory.mktemp("traces")
+    gen = synthetic.generate(120, seed=17, clock_offsets_ms={synthetic.DECODE_INSTANCE: 30})
+    gen.write(d)
+    return d, gen
+
+
+@pytest.fixture(scope="module")
+def run(traces: tuple[Path, Any]) -> Any:
+    return analyze(TraceStore.from_path(traces[0]))
+
+
+def test_json_format(traces: tuple[Path, Any], tmp_path: Path) -> None:
+    d, gen = traces
+    out = tmp_path / "report.json"
+    assert cli_main(["report", "--traces", str(d), "--format", "json", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["version"] == 1 and doc["skew_corrected"] is True
+    offs = doc["clock_offsets_ms"]
+    assert set(offs) == {
+        synthetic.PROXY_INSTANCE,
+        synthetic.PREFILL_INSTANCE,
+        synthetic.DECODE_INSTANCE,
+    }
+    d_off = offs[synthetic.DECODE_INSTANCE]
+    assert abs(d_off["offset_ms"] - 30) <= d_off["bound_ms"]
+    assert doc["load_stats"]["malformed"] == 0
+    truth = gen.by_trace()
+    assert len(doc["requests"]) == 120
+    for r in doc["requests"]:
+        assert {"trace_id", "mode", "ttft_ms", "critical_path", "hidden"} <= set(r)
+        assert r["mode"] == truth[r["trace_id"]].mode
+        total = sum(s["duration_ms"] for s in r["critical_path"])
+        assert abs(total - r["ttft_ms"]) < 1.0
+        starts = [s["start_ms"] for s in r["critical_path"]]
+        assert starts == sorted(starts)
+        assert set(r["critical_path"][0]) >= {"phase", "service", "start_ms", "duration_ms"}
+        assert "spans" not in r
+    g = doc["comparison"]["groups"][0]
+    assert (g["bucket"], g["load"]) == ("all", "all")
+    assert set(g["ttft_ms"]["push"]) >= {"p50", "p90", "p99"}
+
+
+def test_json_with_spans(traces: tuple[Path, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    d, _ = traces
+    assert cli_main(["report", "--traces", str(d), "--format", "json", "--spans"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    spans = doc["requests"][0]["spans"]
+    assert {s["name"] for s in spans} >= {sc.SPAN_REQUEST, sc.SPAN_PREFILL, sc.SPAN_DECODE}
+    assert all("lane" in s and "on_critical_path" in s for s in spans)
+
+
+def test_table_format(traces: tuple[Path, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    d, _ = traces
+    assert cli_main(["report", "--traces", str(d), "--slowest", "3"]) == 0
+    text = capsys.readouterr().out
+    for heading in (
+        "Clock offsets",
+        "push vs pull",
+        "Where the TTFT difference goes",
+        "Slowest 3 requests",
+    ):
+        assert heading in text
+    assert "skipped malformed: 0" in text
+    assert synthetic.DECODE_INSTANCE in text
+
+
+def test_no_skew_correction_flag(
+    traces: tuple[Path, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    d, _ = traces
+    assert cli_main(["report", "--traces", str(d), "--format", "json", "--no-skew-correction"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["skew_corrected"] is False
+    assert (
+        cli_main(["report", "--traces", str(d), "--format", "json", "--skew-policy", "zero"]) == 0
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["skew_policy"] == "zero"
+    assert doc["clock_offsets_ms"][synthetic.PREFILL_INSTANCE]["offset_ms"] == 0.0
+
+
+def test_missing_or_empty_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["report", "--traces", str(tmp_path / "absent")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert cli_main(["report", "--traces", str(tmp_path)]) == 1
+    assert "no requests found" in capsys.readouterr().err
+
+
+def test_custom_buckets(traces: tuple[Path, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    d, _ = traces
+    args = [
+        "report",
+        "--traces",
+        str(d),
+        "--format",
+        "json",
+        "--buckets",
+        "1000",
+        "--load-buckets",
+        "4",
+    ]
+    assert cli_main(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {r["bucket"] for r in doc["requests"]} == {"<=1000", ">1000"}
+    assert {r["load_bucket"] for r in doc["requests"]} <= {"1-4", ">4"}
+
+
+# ------------------------------------------------------------------ perfetto
+
+
+def test_perfetto_tracks_flows_and_nesting(traces: tuple[Path, Any], tmp_path: Path) -> None:
+    d, _ = traces
+    out = tmp_path / "p.json"
+    assert cli_main(["report", "--traces", str(d), "--format", "perfetto", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    events = doc["traceEvents"]
+    procs = {
+        e["pid"]: e["args"]["name"]
+        for e in events
+        if e["ph"] == "M" and e["name"] == "process_name"
+    }
+    # one track per instance (plus the critical-path track)
+    assert sorted(procs.values()) == sorted(
+        [
+            "critical path",
+            f"{sc.SERVICE_PROXY} {synthetic.PROXY_INSTANCE}",
+            f"{sc.SERVICE_PREFILL} {synthetic.PREFILL_INSTANCE}",
+            f"{sc.SERVICE_DECODE} {synthetic.DECODE_INSTANCE}",
+        ]
+    )
+    slices = [e for e in events if e["ph"] == "X"]
+    assert slices and all(e["dur"] > 0 for e in slices)
+    # slices on one (pid, tid) never partially overlap (Perfetto needs them nested)
+    by_track: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for e in slices:
+        by_track.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for iv in by_track.values():
+        iv.sort()
+        for (_, a1), (b0, b1) in itertools.pairwise(iv):
+            assert b0 >= a1 or b1 <= a1
+    # flow arrows pair up, and P -> D handoffs are drawn
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    ends = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert starts.keys() == ends.keys() and starts
+    names = {e["name"] for e in starts.values()}
+    assert f"{sc.SPAN_KV_WRITE}->{sc.SPAN_KV_NOTIFY}" in names
+    assert f"{sc.SPAN_KV_RELAY}->{sc.SPAN_DECODE}" in names
+    pid_of = {v: k for k, v in procs.items()}
+    write_flows = [fid for fid, e in starts.items() if e["name"].startswith(sc.SPAN_KV_WRITE)]
+    for fid in write_flows:
+        assert starts[fid]["pid"] == pid_of[f"{sc.SERVICE_PREFILL} {synthetic.PREFILL_INSTANCE}"]
+        assert ends[fid]["pid"] == pid_of[f"{sc.SERVICE_DECODE} {synthetic.DECODE_INSTANCE}"]
+
+
+def test_perfetto_subset_uses_corrected_times(run: Any) -> None:
+    r = run.requests[0]
+    doc = to_perfetto(run, [r.trace_id])
+    slices = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] != "critical"]
+    assert len(slices) == len(r.spans)
+    decode = next(e for e in slices if e["name"] == sc.SPAN_DECODE)
+    view = next(v for v in r.spans if v.name == sc.SPAN_DECODE)
+    assert decode["ts"] == pytest.approx(view.start_ms * 1000, abs=0.002)
+    assert doc["otherData"]["origin_unix_us"] == pytest.approx(r.start_unix_ms * 1000)
+    crit = [e for e in doc["traceEvents"] if e.get("cat") == "critical"]
+    assert [e["name"] for e in crit] == [s.phase for s in r.critical_path]
+
+
+# ------------------------------------------------------------------ comparison
+
+
+def test_phase_account_adds_up_to_the_mean_ttft_difference(run: Any) -> None:
+    cmp = compare(run)
+    assert cmp.a == "push" and cmp.b == "pull"
+    for g in cmp.groups:
+        if g.ttft_mean_delta_ms is None:
+            continue
+        assert sum(d.delta_ms for d in g.delta) == pytest.approx(g.ttft_mean_delta_ms, abs=1e-6)
+        for mode in ("push", "pull"):
+            means = sum(s["mean"] for s in g.phases[mode].values())
+            assert means == pytest.approx(g.ttft[mode]["mean"], abs=1e-6)
+    overall = cmp.overall
+    assert overall is not None and overall.n == {"push": 60, "pull": 60}
+    assert {g.bucket for g in cmp.groups} >= {"all", "<=256", "<=1024", "<=4096", ">4096"}
+    pull_only = {d.phase for d in overall.delta if d.a_ms == 0 and d.b_ms > 0}
+    assert {phases.RELAY, phases.READ} <= pull_only
+
+
+def test_percentiles_against_known_values(run: Any) -> None:
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([10.0], 99) == 10.0
+    assert percentile([], 50) is None
+    vals = list(range(101))
+    assert percentile([float(v) for v in vals], 90) == 90.0
+    cmp = compare(run)
+    push = sorted(r.ttft_ms for r in run.by_mode("push"))
+    assert cmp.overall.ttft["push"]["p50"] == pytest.approx(percentile(push, 50))
+
+
+def test_table_rows_are_flat(run: Any) -> None:
+    rows = run.table()
+    assert len(rows) == len(run.requests)
+    row = rows[0]
+    for key in (
+        "trace_id",
+        "request_id",
+        "mode",
+        "prompt_tokens",
+        "output_tokens",
+        "ttft_ms",
+        "tpot_ms",
+        "start_unix_ms",
+        "load",
+        "bucket",
+    ):
+        assert key in row
+    crit = {k: v for k, v in row.items() if k.startswith("critical_ms.")}
+    assert sum(crit.values()) == pytest.approx(row["ttft_ms"], abs=1e-6)
+    assert run.get(row["request_id"]) is run.get(row["trace_id"])
+
+
+# ------------------------------------------------------------------ timelines
+
+
+def test_lanes_separate_threads_and_processes(run: Any) -> None:
+    r = next(r for r in run.by_mode("push") if r.rendezvous_first == "registration")
+    lanes = {v.name: v.lane for v in r.spans}
+    assert lanes[sc.SPAN_PREFILL] == f"{sc.SERVICE_PREFILL}/{synthetic.PREFILL_INSTANCE}/scheduler"
+    assert (
+        lanes[sc.SPAN_KV_WRITE] == f"{sc.SERVICE_PREFILL}/{synthetic.PREFILL_INSTANCE}/push_writer"
+    )
+    # registration (D) overlaps prefill (P) on a different lane
+    reg = next(v for v in r.spans if v.name == sc.SPAN_KV_REGISTER)
+    pre = next(v for v in r.spans if v.name == sc.SPAN_PREFILL)
+    assert reg.lane != pre.lane and pre.start_ms < reg.start_ms < pre.end_ms
+    assert r.lanes[0].startswith(sc.SERVICE_PROXY)
+    assert set(r.lanes) == {v.lane for v in r.spans}
+
+
+def test_load_and_buckets() -> None:
+    lc = LoadCounter([(0, 10), (5, 15), (12, 20)])
+    assert [lc.at(t) for t in (0, 5, 10, 12, 15, 20)] == [1, 2, 1, 2, 1, 0]
+    assert bucket_label(256) == "<=256" and bucket_label(257) == "<=1024"
+    assert bucket_label(10_000) == ">4096" and bucket_label(None) == "unknown"
+    assert [load_label(n) for n in (1, 2, 3, 4, 5, 33)] == ["1", "2", "3-4", "3-4", "5-8", ">32"]
+
+
+def test_requests_group_by_load(run: Any) -> None:
+    assert len({r.load for r in run.requests}) > 3  # the generator's waves vary the load
+    for r in run.requests:
+        assert r.load >= 1 and r.load_bucket == load_label(r.load)
