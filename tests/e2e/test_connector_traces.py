@@ -9,6 +9,7 @@ OTLP JSON lines format.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -155,9 +156,10 @@ def test_each_request_is_one_complete_ordered_trace(pd, mode):
         span_ttft_ms = (root["events"][semconv.EVENT_FIRST_TOKEN] - root["start"]) / 1e6
         diffs.append(r.ttft_s * 1000 - span_ttft_ms)
         assert one(trace, semconv.SPAN_PREFILL)["attrs"][semconv.PROMPT_TOKENS] == r.prompt_tokens
-    # The client's TTFT adds only loopback HTTP around the proxy's: a few ms.
-    assert all(-1.0 <= d <= 15.0 for d in diffs), diffs
-    assert sorted(diffs)[len(diffs) // 2] <= 5.0, diffs
+    # The client's TTFT adds only loopback HTTP around the proxy's: a few ms (client,
+    # proxy and both engines share 2 cores here, so single requests may see a bit more).
+    assert all(-1.0 <= d <= 12.0 for d in diffs), diffs
+    assert statistics.median(diffs) <= 6.0, diffs
 
 
 @pytest.mark.parametrize("mode", BOTH)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+import uuid
 from typing import Any
 
 import pytest
@@ -26,6 +27,11 @@ from tracedpush.launcher.metrics import (
 from tracedpush.launcher.processes import busy_ports, lock_delegation_env
 
 MODES = [pytest.param(m, marks=pytest.mark.pd(m), id=m) for m in ("push", "pull")]
+
+
+def rid(tag: str) -> str:
+    """A unique X-Request-Id (push mode pairs P and D by it, so ids must not repeat)."""
+    return f"e2e-{tag}-{uuid.uuid4().hex[:8]}"
 
 
 def _post(url: str, body: dict[str, Any], request_id: str | None = None, timeout: float = 120):
@@ -49,7 +55,7 @@ def stream_completion(base: str, body: dict[str, Any], request_id: str) -> dict[
             chunk = json.loads(line[5:])
             assert "error" not in chunk, chunk
             usage = chunk.get("usage") or usage
-            if chunk.get("choices"):  # one chunk per token; a token's text may be ""
+            if chunk.get("choices"):  # carries token(s); a token's text may be ""
                 text += "".join(c.get("text") or "" for c in chunk["choices"])
                 chunks += 1
     return {"text": text, "chunks": chunks, "usage": usage}
@@ -71,9 +77,10 @@ def test_streamed_completion_moves_kv_over_connector(pd, mode):
     out = stream_completion(
         pd.proxy_url,
         {"model": pd.model_name, "prompt": prompt.text, "max_tokens": 12, "ignore_eos": True},
-        f"e2e-{mode}-stream",
+        rid(f"{mode}-stream"),
     )
-    assert out["usage"]["completion_tokens"] == out["chunks"] == 12, out
+    # vLLM may merge tokens into one chunk when its API server lags: count by usage.
+    assert out["usage"]["completion_tokens"] == 12 and out["chunks"] >= 1, out
     assert out["text"]
     assert out["usage"]["prompt_tokens"] == prompt.tokens == 700
     assert_kv_crossed(pd.decode_url, before, prompt.tokens)
@@ -100,7 +107,7 @@ def test_plain_openai_client_streams_through_proxy(pd, mode):
     for chunk in stream:
         pieces += [c.text for c in chunk.choices]
         usage = chunk.usage or usage
-    assert usage is not None and usage.completion_tokens == len(pieces) == 10
+    assert usage is not None and usage.completion_tokens == 10 and pieces
     assert "".join(pieces)
     assert_kv_crossed(pd.decode_url, before, usage.prompt_tokens)
 
@@ -159,7 +166,7 @@ def test_client_kv_transfer_params_rejected_engines_survive(pd, mode, case):
     body = {"model": pd.model_name, "prompt": "hello there", "max_tokens": 4}
     body["kv_transfer_params"] = BAD_PARAMS[case]
     with pytest.raises(urllib.error.HTTPError) as err:
-        _post(f"{pd.proxy_url}/v1/completions", body, f"e2e-{mode}-bad")
+        _post(f"{pd.proxy_url}/v1/completions", body, rid(f"{mode}-bad"))
     assert err.value.code == 400
     error = json.loads(err.value.read())["error"]
     assert "kv_transfer_params" in error["message"]
@@ -169,7 +176,7 @@ def test_client_kv_transfer_params_rejected_engines_survive(pd, mode, case):
     out = stream_completion(
         pd.proxy_url,
         {"model": pd.model_name, "prompt": "still serving " * 20, "max_tokens": 4},
-        f"e2e-{mode}-after-bad",
+        rid(f"{mode}-after-bad"),
     )
     assert out["chunks"] >= 1
     assert_kv_crossed(pd.decode_url, before, out["usage"]["prompt_tokens"])
@@ -181,7 +188,7 @@ def test_concurrent_mixed_workload_every_request_crosses(pd, mode):
     before = external_kv_prompt_tokens(pd.decode_url)
     results = run_workload(pd.proxy_url, prompts, concurrency=3, max_tokens=8)
     assert [r.error for r in results] == [None] * 6
-    assert all(r.output_tokens == 8 and r.ttft_s and r.tpot_s for r in results)
+    assert all(r.output_tokens == 8 and r.ttft_s and r.tpot_s is not None for r in results)
     assert [r.prompt_tokens for r in results] == [p.tokens for p in prompts]
     assert_kv_crossed(pd.decode_url, before, sum(p.tokens for p in prompts))
 
@@ -261,9 +268,9 @@ def test_up_serves_then_ctrl_c_leaves_nothing(tmp_path):
         out = stream_completion(
             "http://127.0.0.1:18000",
             {"model": model["data"][0]["id"], "prompt": "up and running " * 30, "max_tokens": 5},
-            "e2e-up-cli",
+            rid("up-cli"),
         )
-        assert out["usage"]["completion_tokens"] == out["chunks"] == 5
+        assert out["usage"]["completion_tokens"] == 5 and out["chunks"] >= 1
         assert_kv_crossed("http://127.0.0.1:18200", before, out["usage"]["prompt_tokens"])
 
         up.send_signal(signal.SIGINT)

@@ -110,8 +110,17 @@ def test_command_serves_prints_ready_and_stops_on_sigterm(tmp_path):
                     assert (await resp.json())["choices"][0]["text"] == "Hello world!"
                 async with session.get(f"{url}/health") as resp:
                     assert resp.status == 200
-            proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proc.wait(), 30) == 0
+                # SIGTERM with a request in flight: it is cut, and its leg closed.
+                prefill.hang = True
+                pending = asyncio.create_task(
+                    session.post(f"{url}/v1/completions", json=body | {"stream": True})
+                )
+                prefill.received.clear()
+                await asyncio.wait_for(prefill.received.wait(), 10)
+                proc.send_signal(signal.SIGTERM)
+                assert await asyncio.wait_for(proc.wait(), 30) == 0
+                await asyncio.wait_for(prefill.cancelled.wait(), 10)
+                await asyncio.gather(pending, return_exceptions=True)
         finally:
             if proc.returncode is None:
                 proc.kill()

@@ -7,7 +7,13 @@ import asyncio
 import aiohttp
 from aiohttp.test_utils import TestServer
 
-from tracedpush.proxy.routing import HealthMonitor, Instance, Pool, check_health
+from tracedpush.proxy.routing import (
+    SLOW_CHECKS_UNHEALTHY,
+    HealthMonitor,
+    Instance,
+    Pool,
+    check_health,
+)
 from tracedpush.proxy.testing import StubEngine
 
 
@@ -107,5 +113,28 @@ def test_health_checks_against_stub_engines():
             await monitor.stop()
         for server in servers:
             await server.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_a_slow_health_check_counts_only_when_repeated():
+    """A busy engine answers /health late; only repeated silence marks it unhealthy."""
+
+    async def scenario() -> None:
+        stub = StubEngine("decode", health_delay=2.0)
+        server = TestServer(stub.app())
+        await server.start_server()
+        inst = Instance("decode", str(server.make_url("")).rstrip("/"))
+        async with aiohttp.ClientSession() as session:
+            inst.mark(True)
+            for _ in range(SLOW_CHECKS_UNHEALTHY - 1):
+                assert await check_health(session, inst, 0.05)
+                assert inst.healthy and inst.usable
+            assert not await check_health(session, inst, 0.05)
+            assert inst.healthy is False and "timed out" in inst.last_error
+            stub.health_delay = 0
+            assert await check_health(session, inst, 2.0)
+            assert inst.slow_checks == 0
+        await server.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 30))

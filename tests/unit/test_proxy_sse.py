@@ -32,14 +32,16 @@ def test_crlf_separators_and_an_unterminated_last_event():
     assert splitter.rest() == b"data: 3"
 
 
-def test_first_token_detection_for_completions_and_chat():
+def test_every_chunk_with_choices_is_a_token_chunk():
+    """As vLLM's benchmark client and tracedpush.bench count them (TTFTs must agree)."""
     assert inspect_event(event({"choices": [{"index": 0, "text": "hi"}]})).has_token
+    # empty text: a token holding part of a multi-byte character, or a special token
+    assert inspect_chunk({"choices": [{"index": 0, "text": ""}]}).has_token
+    # chat's role chunk is sent with the first token
     role_only = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
-    assert not inspect_chunk(role_only).has_token
-    assert inspect_chunk({"choices": [{"delta": {"content": "x"}}]}).has_token
-    assert inspect_chunk({"choices": [{"delta": {"reasoning_content": "r"}}]}).has_token
-    # a token whose text the detokenizer holds back still ends the wait
-    assert inspect_chunk({"choices": [{"text": "", "finish_reason": "length"}]}).has_token
+    assert inspect_chunk(role_only).has_token
+    assert not inspect_chunk({"choices": []}).has_token
+    assert not inspect_chunk({"object": "x"}).has_token
 
 
 def test_usage_done_and_error_events():

@@ -365,3 +365,12 @@ def test_request_key_recovers_the_client_request_id(engine_id, key):
     from tracedpush.telemetry.context import request_key
 
     assert request_key(engine_id) == key
+
+
+def test_stray_events_for_an_unknown_request_start_no_partial_trace():
+    """A notification arriving long after its request ended must not open a new trace."""
+    b, exp = make("pull", "prefill", "worker")
+    b.feed([(ev.N_NOTIFS, 1400 * MS, {"agent-d": [f"{P_ID}:1".encode()]})])
+    b.sweep(now_ns=1400 * MS + int(500e9))
+    assert exp.get_finished_spans() == ()
+    assert b.orphans == 1 and b.open_requests == 0

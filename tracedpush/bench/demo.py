@@ -20,7 +20,7 @@ from typing import Any
 
 from tracedpush.bench.workload import PromptMaker, RequestResult, run_workload, summarize
 from tracedpush.launcher.deployment import Deployment, DeploymentConfig
-from tracedpush.launcher.processes import LaunchError, stop_on_sigterm
+from tracedpush.launcher.processes import EnginesLock, LaunchError, stop_on_sigterm
 from tracedpush.launcher.servers import traced_connectors_available
 
 MODES = ("push", "pull")
@@ -153,29 +153,26 @@ def _fmt(v: float | None) -> str:
 
 
 def table(runs: dict[str, dict[str, Any]], lengths: list[int], levels: list[int]) -> str:
-    """Push-vs-pull table: one row per (prompt bucket, concurrency), ms."""
+    """Push-vs-pull table: one row per (prompt length, concurrency); cells "p50 / p90" ms."""
     modes = list(runs)
     head = ["prompt", "conc"]
-    for metric in ("TTFT", "TPOT"):
-        for m in modes:
-            head += [f"{m} {metric} p50", f"{m} {metric} p90"]
-    head.append("errors")
+    head += [f"{m} TTFT" for m in modes] + [f"{m} TPOT" for m in modes] + ["errors"]
     rows = [head]
     for conc in levels:
         for n in lengths:
-            row = [str(n), str(conc)]
-            errors = 0
-            stats = {}
-            for m in modes:
-                group = [
+            stats = {
+                m: summarize(
                     r for r in runs[m]["results"] if r.label == str(n) and r.concurrency == conc
-                ]
-                stats[m] = summarize(group)
-                errors += stats[m]["errors"]
+                )
+                for m in modes
+            }
+            row = [str(n), str(conc)]
             for metric in ("ttft", "tpot"):
-                for m in modes:
-                    row += [_fmt(stats[m][f"{metric}_ms_p50"]), _fmt(stats[m][f"{metric}_ms_p90"])]
-            row.append(str(errors))
+                row += [
+                    f"{_fmt(stats[m][f'{metric}_ms_p50'])} / {_fmt(stats[m][f'{metric}_ms_p90'])}"
+                    for m in modes
+                ]
+            row.append(str(sum(stats[m]["errors"] for m in modes)))
             rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
@@ -256,17 +253,19 @@ def run(args: argparse.Namespace) -> int:
     )
     runs: dict[str, dict[str, Any]] = {}
     results_path = run_dir / "results.json"
-    for mode in args.modes:
-        try:
-            runs[mode] = run_mode(mode, args, model, run_dir, trace, prompts)
-        except LaunchError as e:
-            print(f"tracedpush demo: {mode} mode failed to start: {e}", file=sys.stderr)
-            return 1
-        _say(f"{mode} done in {runs[mode]['seconds']:.0f}s")
-        # Written after each mode, so an interrupted demo keeps what it measured.
-        text = table(runs, args.lengths, args.concurrency)
-        out = _results(args, model, trace, runs, time.monotonic() - t0, text)
-        results_path.write_text(json.dumps(out, indent=1))
+    # One lock for both modes, so no other engine run slips in between push and pull.
+    with EnginesLock(on_wait=_say):
+        for mode in args.modes:
+            try:
+                runs[mode] = run_mode(mode, args, model, run_dir, trace, prompts)
+            except LaunchError as e:
+                print(f"tracedpush demo: {mode} mode failed to start: {e}", file=sys.stderr)
+                return 1
+            _say(f"{mode} done in {runs[mode]['seconds']:.0f}s")
+            # Written after each mode, so an interrupted demo keeps what it measured.
+            text = table(runs, args.lengths, args.concurrency)
+            out = _results(args, model, trace, runs, time.monotonic() - t0, text)
+            results_path.write_text(json.dumps(out, indent=1))
 
     total = time.monotonic() - t0
     text = table(runs, args.lengths, args.concurrency)
@@ -274,8 +273,8 @@ def run(args: argparse.Namespace) -> int:
     failures = sum(not x.ok for r in runs.values() for x in r["results"])
 
     print()
-    print("Client-measured latency, milliseconds (TTFT: request -> first token; TPOT: per")
-    print(f"output token after the first). {args.max_tokens} output tokens per request.")
+    print("Client-measured latency in ms, p50 / p90. TTFT: request sent -> first token;")
+    print(f"TPOT: per output token after the first ({args.max_tokens} output tokens each).")
     print(text)
     print()
     for m, r in runs.items():

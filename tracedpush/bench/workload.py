@@ -6,6 +6,11 @@ so client-side results join the traces (the proxy and both engines key on that i
 * TTFT: request sent -> first streamed chunk carrying a generated token.
 * TPOT: (last token - first token) / (output tokens - 1), i.e. the decode inter-token time.
 
+vLLM streams one chunk per engine step per request, but when its API server falls behind
+it merges several tokens into one chunk; token counts therefore come from the response's
+``usage``, and a stream whose tokens all arrived in one chunk has TPOT 0 (what the client
+saw).
+
 Prompts of a given token length are cut from deterministic text with the served model's
 own tokenizer (exact for the tiny model), so prompt-length buckets mean what they say.
 """
@@ -270,7 +275,7 @@ async def send_one(
         tpot_s=tpot,
         status=status,
         error=error,
-        extra={"finish_reason": finish, "text": "".join(text)},
+        extra={"finish_reason": finish, "text": "".join(text), "chunks": n_chunks},
     )
 
 

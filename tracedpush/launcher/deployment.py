@@ -235,25 +235,30 @@ class Deployment:
 
     def start(self) -> Deployment:
         """Start engines, wait for health, start the proxy. On any failure stop all."""
-        if self._lock and not self._locked:
-            self._lock.acquire()
-            self._locked = True
         try:
+            self._refuse_busy_ports()  # before waiting for the lock: fail fast
+            if self._lock and not self._locked:
+                self._lock.acquire()
+                self._locked = True
             self._start()
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _start(self) -> None:
-        c = self.config
-        busy = busy_ports(self.ports())
+    def _refuse_busy_ports(self) -> None:
+        ports = self.ports()
+        busy = busy_ports(ports)
         if busy:
-            names = ", ".join(f"{p} ({self.ports()[p]})" for p in busy)
+            names = ", ".join(f"{p} ({ports[p]})" for p in busy)
             raise LaunchError(
                 f"port already in use: {names}. Stop whatever listens there "
                 f"(`ss -ltnp | grep :{busy[0]}`) or choose other ports."
             )
+
+    def _start(self) -> None:
+        c = self.config
+        self._refuse_busy_ports()  # again: the previous lock holder may have kept one
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if c.trace:
             self.traces_dir.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,7 @@ def parse(text: str) -> list[tuple[str, dict[str, str], float]]:
     return samples
 
 
-def scrape(base_url: str, timeout: float = 5.0) -> str:
+def scrape(base_url: str, timeout: float = 20.0) -> str:
     with urllib.request.urlopen(f"{base_url.rstrip('/')}/metrics", timeout=timeout) as r:
         return r.read().decode("utf-8", "replace")
 

@@ -207,11 +207,12 @@ class Exchange:
                 )
                 self.response, self.status = response, 200
                 await response.prepare(self.request)
+            sent_ns = time.time_ns()  # the token leaves now; write() may wait on the socket
             await self.response.write(event)
         except ConnectionResetError as exc:
             raise ClientGone(str(exc)) from None
         if has_token:
-            self.mark_first_token()
+            self.mark_first_token(sent_ns)
         if done:
             # The client has its whole answer; it may hang up before our EOF.
             self.done_sent = True
@@ -261,7 +262,12 @@ async def prefill_leg(ex: Exchange, inst: Instance) -> dict[str, Any]:
         proxy_spans.fail(span, err.error_type, err.message)
         raise
     except asyncio.CancelledError:
-        proxy_spans.fail(span, *ex.cancel_cause())
+        if ex.done_sent:
+            # Push: the client has its answer, so P's KV reached D; P's own HTTP answer
+            # (slow under load) is no longer needed.
+            span.add_event("abandoned_after_response")
+        else:
+            proxy_spans.fail(span, *ex.cancel_cause())
         raise
     finally:
         proxy_spans.end(span, ex.prefill_done_ns)

@@ -19,6 +19,8 @@ from tracedpush.proxy.upstream import Timeouts
 
 log = logging.getLogger("tracedpush.proxy")
 
+SHUTDOWN_GRACE = 2.0  # seconds
+
 DESCRIPTION = """\
 OpenAI-compatible router for vLLM prefill/decode disaggregation over NIXL.
 
@@ -239,7 +241,11 @@ def _tracer_provider(args: argparse.Namespace, instance_id: str) -> TracerProvid
 async def serve(config: ProxyConfig, host: str, port: int, provider: TracerProvider | None) -> None:
     """Serve until SIGINT/SIGTERM; print the ready line once listening."""
     app = create_app(config, provider)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # On shutdown, requests in flight get SHUTDOWN_GRACE seconds, then are cancelled
+    # (closing both legs, which aborts them on the engines).
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -44,7 +44,7 @@ class EventInfo:
     """What the proxy needs from one event."""
 
     done: bool = False  # the ``[DONE]`` sentinel
-    has_token: bool = False  # carries generated output
+    has_token: bool = False  # comes from a step that generated a token
     usage: dict[str, Any] | None = None
     usage_only: bool = False  # the ``include_usage`` chunk: no choices, just usage
     error: str | None = None
@@ -85,19 +85,11 @@ def inspect_chunk(chunk: Any) -> EventInfo:
         info.usage = usage
     choices = chunk.get("choices")
     if isinstance(choices, list):
-        info.has_token = any(_choice_has_token(c) for c in choices if isinstance(c, dict))
+        # Every chunk with choices comes from an engine step that produced a token, even
+        # when its text is empty (a token holding part of a multi-byte character, or a
+        # special token) and, in chat, the role-only first chunk, which vLLM sends with
+        # the first token. This is also what vLLM's benchmark client and
+        # tracedpush.bench count, so proxy and client TTFT agree.
+        info.has_token = bool(choices)
         info.usage_only = not choices and info.usage is not None
     return info
-
-
-def _choice_has_token(choice: dict[str, Any]) -> bool:
-    if choice.get("text") or choice.get("token_ids"):
-        return True
-    delta = choice.get("delta") or choice.get("message")
-    if isinstance(delta, dict) and any(
-        delta.get(k) for k in ("content", "reasoning_content", "reasoning", "tool_calls")
-    ):
-        return True
-    # A token whose text the detokenizer holds back (partial UTF-8) still ends with
-    # a finish_reason or carries logprobs.
-    return bool(choice.get("finish_reason") or choice.get("logprobs"))

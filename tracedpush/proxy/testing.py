@@ -51,6 +51,7 @@ class StubEngine:
     token_delay: float = 0.0  # seconds after each SSE chunk
     tail_delay: float = 0.0  # seconds between [DONE] and the end of the stream
     healthy: bool = True
+    health_delay: float = 0.0  # seconds before /health answers (a busy engine)
     kv_params: Callable[[dict[str, Any], str], dict[str, Any] | None] | None = None
     before_answer: Callable[[], Awaitable[None]] | None = None
     requests: list[Recorded] = field(default_factory=list)
@@ -69,6 +70,8 @@ class StubEngine:
 
     # ------------------------------------------------------------------ handlers
     async def _health(self, request: web.Request) -> web.Response:
+        if self.health_delay:
+            await asyncio.sleep(self.health_delay)
         return web.Response(status=200 if self.healthy else 503)
 
     async def _models(self, request: web.Request) -> web.Response:

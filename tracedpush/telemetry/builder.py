@@ -51,7 +51,7 @@ class BuilderConfig:
     tp_rank: int = 0
     tp_size: int = 1
     stale_after_s: float = 120.0  # close a request's open phases as failed after this
-    linger_s: float = 30.0  # keep a finished request this long to absorb late events
+    linger_s: float = 300.0  # keep a finished request this long to absorb late events
 
 
 class _Req:
@@ -133,6 +133,7 @@ class SpanBuilder:
         self._rand = random.Random()
         self.spans_built = 0
         self.requests_seen = 0
+        self.orphans = 0  # requests seen only through stray events, not traced
         self._handlers: dict[int, Callable[..., None]] = {
             ev.S_NEW: self._on_new,
             ev.S_ALLOC: self._on_alloc,
@@ -408,6 +409,12 @@ class SpanBuilder:
         if not req.trace_id:
             if not final:
                 return  # context not known yet (metadata not shipped yet)
+            if not req.arrival:
+                # Only stray events (e.g. a late notification for a request that ended
+                # long ago): never start a second, partial trace for it.
+                req.done = True
+                self.orphans += 1
+                return
             self._set_context(req, None)
         if self.cfg.side == "scheduler":
             self._emit_engine_span(req, out, final)

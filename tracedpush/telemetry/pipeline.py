@@ -87,6 +87,7 @@ class Pipeline:
             "builder_errors": self.builder_errors,
             "spans_built": self.builder.spans_built,
             "open_requests": self.builder.open_requests,
+            "orphan_requests": self.builder.orphans,
             "exporters": self.sink.stats(),
         }
 
