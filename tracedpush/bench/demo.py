@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="prompt lengths in tokens (comma-separated buckets)",
     )
     parser.add_argument(
-        "--concurrency", type=_ints, default="1,4", help="concurrency levels (comma-separated)"
+        "--concurrency", type=_ints, default="1,4,8", help="concurrency levels (comma-separated)"
     )
     parser.add_argument("--max-tokens", type=int, default=32, help="output tokens per request")
     parser.add_argument(
@@ -194,7 +194,10 @@ def _console_hook(traces: Path, no_console: bool) -> None:
         print(f"Explore the traces: {hint}")
         return
     print(f"Opening the console on {traces} (Ctrl-C to quit)", flush=True)
-    serve(traces)
+    try:
+        serve(traces)
+    except KeyboardInterrupt:  # quitting the console is the normal end of the demo
+        pass
 
 
 def _results(
