@@ -29,6 +29,8 @@ MODES = [pytest.param(m, marks=pytest.mark.pd(m), id=m) for m in ("push", "pull"
 N_REQUESTS = 6
 CLIENT_TIMEOUT_S = 150.0
 # Engines, startup and the engines lock can take long on a busy 2-core machine.
+RECORDING_SLACK_MS = 1.0
+
 pytestmark = pytest.mark.timeout(2400)
 
 
@@ -158,7 +160,14 @@ def test_real_traces_survive_a_shifted_engine_clock(
         shift_directory(snapshot, out, instance, delta_ms)
         run = analyze(TraceStore.from_path(out))
         o = run.clock_offsets[instance]
-        assert abs(o.offset_ms - delta_ms) <= o.bound_ms, (instance, o)
+        # The estimator moves by exactly the shift it is shown ...
+        o0 = run0.clock_offsets[instance]
+        assert abs(o.offset_ms - (o0.offset_ms + delta_ms)) <= 1e-3, (instance, o0, o)
+        # ... and lands within its bound of the truth, up to how late our hooks observe an
+        # event (engine threads timestamp when vLLM calls them: a causal pair on one host
+        # was once seen 0.28 ms "violated" on this loaded 2-core machine). RECORDING_SLACK_MS
+        # is that observation error, stated rather than hidden.
+        assert abs(o.offset_ms - delta_ms) <= o.bound_ms + RECORDING_SLACK_MS, (instance, o)
         worst = 0.0
         for r in _mine(run, ok):
             before = base[r.trace_id]

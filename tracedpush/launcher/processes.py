@@ -24,6 +24,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 PR_SET_PDEATHSIG = 1
 DEFAULT_LOCK_PATH = "/tmp/tracedpush-engines.lock"
@@ -109,8 +110,8 @@ class EnginesLock:
     """
 
     _guard = threading.Lock()
-    _fd: int | None = None
-    _depth = 0
+    _fds: ClassVar[dict[str, int]] = {}  # per lock file: our descriptor
+    _depths: ClassVar[dict[str, int]] = {}  # per lock file: re-entry depth
 
     def __init__(
         self,
@@ -121,10 +122,10 @@ class EnginesLock:
         self.on_wait = on_wait
 
     def acquire(self) -> None:
-        cls = type(self)
+        cls, key = type(self), os.path.realpath(self.path)
         with cls._guard:
-            if cls._fd is not None or _held_by_parent():
-                cls._depth += 1
+            if key in cls._fds or cls._depths.get(key) or _held_by_parent():
+                cls._depths[key] = cls._depths.get(key, 0) + 1
                 return
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
             try:
@@ -133,18 +134,21 @@ class EnginesLock:
                 if self.on_wait:
                     self.on_wait(f"waiting for {self.path}: another run holds the engines")
                 fcntl.flock(fd, fcntl.LOCK_EX)
-            cls._fd, cls._depth = fd, 1
+            cls._fds[key], cls._depths[key] = fd, 1
 
     def release(self) -> None:
-        cls = type(self)
+        cls, key = type(self), os.path.realpath(self.path)
         with cls._guard:
-            if cls._depth == 0:
+            depth = cls._depths.get(key, 0)
+            if depth == 0:
                 return
-            cls._depth -= 1
-            if cls._depth == 0 and cls._fd is not None:
-                fcntl.flock(cls._fd, fcntl.LOCK_UN)
-                os.close(cls._fd)
-                cls._fd = None
+            cls._depths[key] = depth - 1
+            if depth == 1:
+                del cls._depths[key]
+                fd = cls._fds.pop(key, None)
+                if fd is not None:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    os.close(fd)
 
     def __enter__(self) -> EnginesLock:
         self.acquire()
