@@ -25,13 +25,17 @@ DIM = 0.3  # opacity of spans and phases that did not delay the first token
 
 # One colour per phase, in pipeline order (tab20-like, distinct neighbours).
 _PALETTE = (
-    "#9e9e9e",  # proxy
     "#c7c7c7",  # network
-    "#2ca02c",  # prefill
-    "#98df8a",  # decode admission
+    "#dbdb8d",  # api server
+    "#98df8a",  # queue wait
+    "#2ca02c",  # prefill compute
+    "#aec7e8",  # response
+    "#9467bd",  # relay
     "#17becf",  # registration
-    "#9edae5",  # registration wait
-    "#bcbd22",  # rendezvous wait
+    "#9edae5",  # registration delivery
+    "#f7b6d2",  # registration wait
+    "#bcbd22",  # step handoff
+    "#7f7f7f",  # writer queue
     "#8c564b",  # handshake
     "#e377c2",  # descriptor prep
     "#1f77b4",  # WRITE
@@ -39,9 +43,9 @@ _PALETTE = (
     "#ff9896",  # completion polling lag
     "#ff7f0e",  # notification
     "#ffbb78",  # notification counting
-    "#9467bd",  # relay
     "#c5b0d5",  # decode scheduling
     "#393b79",  # first decode step
+    "#9e9e9e",  # proxy
     "#000000",  # unattributed
 )
 PHASE_COLORS: dict[str, str] = dict(zip(ph.PHASES, _PALETTE, strict=False))
@@ -52,10 +56,10 @@ SPAN_PHASE = {
     sc.SPAN_PROXY_PREFILL: ph.NETWORK,
     sc.SPAN_PROXY_DECODE: ph.NETWORK,
     sc.SPAN_KV_RELAY: ph.RELAY,
-    sc.SPAN_PREFILL: ph.PREFILL,
-    sc.SPAN_DECODE: ph.DECODE_ADMISSION,
+    sc.SPAN_PREFILL: ph.PREFILL_COMPUTE,
+    sc.SPAN_DECODE: ph.QUEUE_WAIT,
     sc.SPAN_KV_REGISTER: ph.REGISTRATION,
-    sc.SPAN_KV_RENDEZVOUS: ph.RENDEZVOUS_WAIT,
+    sc.SPAN_KV_RENDEZVOUS: ph.WRITER_QUEUE,
     sc.SPAN_KV_HANDSHAKE: ph.HANDSHAKE,
     sc.SPAN_KV_DESC_PREP: ph.DESC_PREP,
     sc.SPAN_KV_WRITE: ph.WRITE,

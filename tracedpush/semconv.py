@@ -37,6 +37,10 @@ SPAN_KV_WRITE: Final = "kv.write"  # push, P: WRITE posted -> completion observe
 SPAN_KV_READ: Final = "kv.read"  # pull, D: READ posted -> completion observed
 SPAN_KV_NOTIFY: Final = "kv.notify"  # first -> last expected completion notification
 
+# per-process step traces (one trace per engine process, not per request)
+SPAN_ENGINE_STEPS: Final = "engine.steps"  # a batch of engine steps (parallel arrays)
+SPAN_ENGINE_THREADS: Final = "engine.threads"  # one OS sample of the process's threads
+
 PROXY_SPANS: Final = (SPAN_REQUEST, SPAN_PROXY_PREFILL, SPAN_PROXY_DECODE, SPAN_KV_RELAY)
 ENGINE_SPANS: Final = (SPAN_PREFILL, SPAN_DECODE)
 KV_SPANS: Final = (
@@ -48,7 +52,8 @@ KV_SPANS: Final = (
     SPAN_KV_READ,
     SPAN_KV_NOTIFY,
 )
-ALL_SPANS: Final = PROXY_SPANS + ENGINE_SPANS + KV_SPANS
+PROCESS_SPANS: Final = (SPAN_ENGINE_STEPS, SPAN_ENGINE_THREADS)
+ALL_SPANS: Final = PROXY_SPANS + ENGINE_SPANS + KV_SPANS + PROCESS_SPANS
 
 # Spans every complete request has, per mode (kv.handshake only when one happens).
 REQUIRED_SPANS: Final = {
@@ -110,6 +115,46 @@ RENDEZVOUS_FIRST: Final = "tracedpush.rendezvous.first"  # "registration" | "pre
 NOTIFY_EXPECTED: Final = "tracedpush.notify.expected"
 NOTIFY_RECEIVED: Final = "tracedpush.notify.received"
 DECODE_END: Final = "tracedpush.decode.end"  # what ends `decode`: "first_token_scheduled"
+PREFILL_STEPS: Final = "tracedpush.prefill.steps"  # prefill: engine steps that computed it
+SIDE: Final = "tracedpush.side"  # resource + step spans: "scheduler" | "worker"
+
+# engine.steps: parallel arrays, one element per engine step of this process.
+# Scheduler side (EngineCore): what each step scheduled.
+STEP_SEQ: Final = "tracedpush.step.seq"  # int[]: step number (scheduler and worker agree)
+STEP_START_NS: Final = "tracedpush.step.start_ns"  # int[]: Unix ns (sched: schedule done)
+STEP_DURATION_US: Final = "tracedpush.step.duration_us"  # int[] (worker): bind -> clear
+STEP_PREFILL_TOKENS: Final = "tracedpush.step.prefill_tokens"  # int[] (sched)
+STEP_DECODE_REQS: Final = "tracedpush.step.decode_reqs"  # int[] (sched): 1-token requests
+STEP_NUM_REQS: Final = "tracedpush.step.num_reqs"  # int[] (sched): requests scheduled
+# Worker side (model-runner thread): connector time inside each step, per call, in us.
+STEP_CONNECTOR_US: Final = "tracedpush.step.connector_us"  # int[]: all connector calls
+STEP_BIND_US: Final = "tracedpush.step.bind_us"  # int[]: bind_connector_metadata
+STEP_LOAD_US: Final = "tracedpush.step.start_load_us"  # int[]: start_load_kv
+STEP_SAVE_US: Final = "tracedpush.step.wait_save_us"  # int[]: wait_for_save
+STEP_RESULTS_US: Final = "tracedpush.step.results_us"  # int[]: get_finished/transfer results
+STEP_LOADS_STARTED: Final = "tracedpush.step.loads_started"  # int[]: KV transfers handed off
+STEP_LOADS_FINISHED: Final = "tracedpush.step.loads_finished"  # int[]: KV transfers done
+
+# engine.threads: parallel arrays, one element per OS thread of the sampled processes.
+THREAD_PID: Final = "tracedpush.thread.pid"  # int[]
+THREAD_TID: Final = "tracedpush.thread.tid"  # int[]
+THREAD_PROCESS: Final = "tracedpush.thread.process"  # str[]: api_server|engine_core|worker
+THREAD_NAME: Final = "tracedpush.thread.name"  # str[]: Python thread name, else OS comm
+THREAD_ROLE: Final = "tracedpush.thread.role"  # str[]: see THREAD_ROLES
+THREAD_CPU_MS: Final = "tracedpush.thread.cpu_ms"  # float[]: utime+stime since thread start
+THREAD_CORE: Final = "tracedpush.thread.core"  # int[]: core it last ran on (at the sample)
+THREAD_AFFINITY: Final = "tracedpush.thread.affinity"  # str[]: Cpus_allowed_list
+# cumulative events this process's hooks recorded (their cost is events x per-event cost)
+EVENTS_RECORDED: Final = "tracedpush.events.recorded"
+THREAD_ROLES: Final = (
+    "model_runner",  # the worker's main thread (forward passes, connector hooks)
+    "engine_core",  # EngineCore's busy loop (scheduling)
+    "push_writer",  # vLLM's nixl-push-writer thread
+    "compute",  # OpenMP / torch compute threads
+    "tracedpush",  # our builder and exporter threads
+    "api_server",  # the API server's event loop
+    "other",
+)
 
 # proxy-side
 UPSTREAM_URL: Final = "tracedpush.upstream"  # base URL of the engine a leg went to
@@ -126,11 +171,14 @@ ERROR_TYPE: Final = "error.type"
 
 # span events
 EVENT_FIRST_TOKEN: Final = "first_token"  # on tracedpush.request and proxy.decode
+EVENT_HTTP_RECEIVED: Final = "http_received"  # prefill, decode: engine's HTTP server has it
+EVENT_SCHEDULER_RECEIVED: Final = "scheduler_received"  # prefill, decode: EngineCore has it
 EVENT_COMPUTE_STARTED: Final = "compute_started"  # prefill: first scheduled for compute
 EVENT_BLOCKS_ALLOCATED: Final = "blocks_allocated"  # decode: D's KV blocks allocated
 EVENT_KV_RECEIVED: Final = "kv_received"  # decode: scheduler learned the KV arrived
 EVENT_REGISTRATION_ARRIVED: Final = "registration_arrived"  # kv.rendezvous (P's writer saw it)
 EVENT_PREFILL_FINISHED: Final = "prefill_finished"  # kv.rendezvous
+EVENT_HANDED_TO_WRITER: Final = "handed_to_writer"  # kv.rendezvous: P's worker queued blocks
 EVENT_NOTIFICATION: Final = "notification"  # kv.notify: one per completion notification
 EVENT_HANDSHAKE: Final = "handshake"  # kv.register: D's notif-only handshake to P
 
@@ -149,3 +197,6 @@ ERR_CLIENT_DISCONNECT: Final = "client_disconnected"
 # this key: {"traceparent": "00-<trace>-<span>-01"}. Engines without it derive the
 # trace id from the base request id, so P and D still share one trace.
 KV_PARAMS_TRACE_KEY: Final = "tracedpush_trace"
+# The engine API server middleware (`tracedpush.connector.http`) adds the moment the
+# HTTP server had the request, in Unix ns, inside that dict.
+TRACE_RECEIVED_NS_KEY: Final = "received_ns"

@@ -96,7 +96,7 @@ def test_clicking_an_outlier_opens_its_timeline(served, driver):
         """
         const gd = document.querySelector("[data-testid='stPlotlyChart'] .js-plotly-plot");
         const c = gd.data.findIndex(t => t.meta && t.meta.kind === 'phase_top'
-            && t.meta.phase === 'prefill' && t.meta.mode === 'push');
+            && t.meta.phase === 'prefill compute' && t.meta.mode === 'push');
         const t = gd.data[c];
         const custom = Array.from(t.customdata[0]);
         gd.emit('plotly_selected', {points: [{curveNumber: c, pointNumber: 0, pointIndex: 0,

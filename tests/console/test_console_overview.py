@@ -51,7 +51,7 @@ def test_critical_path_stack_adds_up_to_mean_ttft(app, traces, expected):
         assert stacked == pytest.approx(group.ttft[mode]["mean"], rel=1e-6)
     # push's stack has WRITE, pull's has READ and relay
     phases = {b["meta"]["phase"] for b in bars}
-    assert {"WRITE", "READ", "relay", "rendezvous wait", "notification"} <= phases
+    assert {"WRITE", "READ", "relay", "writer queue", "notification"} <= phases
 
 
 def test_every_request_is_a_clickable_point(app, traces, expected):

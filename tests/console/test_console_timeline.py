@@ -40,7 +40,7 @@ def test_push_timeline_draws_the_analysis_critical_path(app, traces, expected):
     assert hidden["marker"]["opacity"] == charts.DIM
     # The judged story: push's path runs through rendezvous, WRITE and notification...
     phases = [s.phase for s in req.critical_path]
-    assert {"rendezvous wait", "WRITE", "notification"} <= set(phases)
+    assert {"writer queue", "WRITE", "notification"} <= set(phases)
     assert critical["text"] == phases
     # ...while registration overlapped prefill, on another lane, dimmed.
     (dimmed,) = traces_of(fig, kind="spans-dimmed", trace_id=req.trace_id)

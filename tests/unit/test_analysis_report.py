@@ -11,7 +11,8 @@ import pytest
 
 from tracedpush import semconv as sc
 from tracedpush.analysis import TraceStore, analyze, compare, phases, synthetic, to_perfetto
-from tracedpush.analysis.compare import percentile
+from tracedpush.analysis.compare import explain_delta, percentile
+from tracedpush.analysis.report import render
 from tracedpush.analysis.timeline import LoadCounter, bucket_label, load_label
 from tracedpush.cli import main as cli_main
 
@@ -34,7 +35,7 @@ def test_json_format(traces: tuple[Path, Any], tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     assert cli_main(["report", "--traces", str(d), "--format", "json", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["version"] == 1 and doc["skew_corrected"] is True
+    assert doc["version"] == 2 and doc["skew_corrected"] is True
     offs = doc["clock_offsets_ms"]
     assert set(offs) == {
         synthetic.PROXY_INSTANCE,
@@ -55,6 +56,17 @@ def test_json_format(traces: tuple[Path, Any], tmp_path: Path) -> None:
         assert starts == sorted(starts)
         assert set(r["critical_path"][0]) >= {"phase", "service", "start_ms", "duration_ms"}
         assert "spans" not in r
+        t = truth[r["trace_id"]]
+        eng = r["engine_phases_ms"]
+        assert set(eng) == {"prefill", "decode"}
+        assert eng["prefill"]["queue wait"] == pytest.approx(
+            t.expected_engine_ms["prefill"]["queue wait"], abs=1e-3
+        )
+        transfer = ("prefill", "WRITE") if r["mode"] == "push" else ("decode", "READ")
+        assert eng[transfer[0]][transfer[1]] == pytest.approx(
+            t.expected_engine_ms[transfer[0]][transfer[1]], abs=1e-4
+        )
+        assert r["prefill_steps"] == t.prefill_steps
     g = doc["comparison"]["groups"][0]
     assert (g["bucket"], g["load"]) == ("all", "all")
     assert set(g["ttft_ms"]["push"]) >= {"p50", "p90", "p99"}
@@ -203,6 +215,59 @@ def test_phase_account_adds_up_to_the_mean_ttft_difference(run: Any) -> None:
     assert {g.bucket for g in cmp.groups} >= {"all", "<=256", "<=1024", "<=4096", ">4096"}
     pull_only = {d.phase for d in overall.delta if d.a_ms == 0 and d.b_ms > 0}
     assert {phases.RELAY, phases.READ} <= pull_only
+
+
+def test_ttft_difference_per_load_bucket_adds_up(run: Any) -> None:
+    """For every load bucket present in both modes: push - pull, phase by phase, sums to
+    the mean TTFT difference, with unattributed listed and p50s beside the means."""
+    cmp = compare(run)
+    by_load = cmp.by_load()
+    assert len(by_load) >= 3
+    assert [g.load for g in by_load] == [ld for ld in cmp.loads if g_has_both(cmp, ld)]
+    for g in [cmp.overall, *by_load]:
+        acc = g.account
+        assert acc is not None
+        want = g.ttft["push"]["mean"] - g.ttft["pull"]["mean"]
+        assert acc.ttft_mean_delta_ms == pytest.approx(want, abs=1e-9)
+        assert sum(r.mean_delta_ms for r in acc.rows) == pytest.approx(want, abs=1e-6)
+        assert acc.row(phases.UNATTRIBUTED) is not None
+        p50 = g.ttft["push"]["p50"] - g.ttft["pull"]["p50"]
+        assert acc.ttft_p50_delta_ms == pytest.approx(p50)
+        assert sum(r.p50_delta_ms for r in acc.rows) + acc.p50_remainder_ms == pytest.approx(p50)
+        # the existing b - a account is the same numbers, negated
+        assert g.ttft_mean_delta_ms == pytest.approx(-want)
+        names = [r.phase for r in acc.rows]
+        assert names == sorted(names, key=phases.PHASES.index)
+        text = explain_delta(g)
+        top = max(acc.rows, key=lambda r: abs(r.mean_delta_ms))
+        verb = "slower" if want > 0 else "faster"
+        assert text.startswith(f"push is {abs(want):.1f} ms {verb} than pull")
+        assert f"{top.phase} {top.mean_delta_ms:+.1f} ms" in text
+        if g.load != "all":
+            assert f"at {g.load} in flight" in text
+    doc = run.to_json()
+    groups = {(g["bucket"], g["load"]): g for g in doc["comparison"]["groups"]}
+    for g in by_load:
+        acc_json = groups[("all", g.load)]["ttft_account"]
+        assert acc_json["direction"] == "a - b"
+        total = sum(p["mean_delta_ms"] for p in acc_json["phases"])
+        assert total == pytest.approx(acc_json["ttft_mean_delta_ms"], abs=1e-3)
+
+
+def g_has_both(cmp: Any, load: str) -> bool:
+    g = cmp.group("all", load)
+    return g is not None and all(g.n.get(m) for m in ("push", "pull"))
+
+
+def test_ttft_difference_is_told_per_load_in_the_text_report(run: Any) -> None:
+    text = render(run)
+    cmp = compare(run)
+    for g in cmp.by_load():
+        assert f"Where the TTFT difference goes (at {g.load} in flight; push - pull" in text
+        assert explain_delta(g) in text
+    assert "Where the TTFT difference goes (over all requests" in text
+    assert text.count("unattributed") >= 1 + len(cmp.by_load())
+    assert explain_delta(None) == "No comparison: needs both push and pull requests."
 
 
 def test_percentiles_against_known_values(run: Any) -> None:

@@ -142,11 +142,11 @@ def test_tap_forwards_everything_and_records_only_what_matters():
     assert tap.check_xfer_state(42) == "DONE"
     assert tap.get_xfer_telemetry(42) == "telemetry"
     assert tap.get_new_notifs() == {"peer": [b"req-1:1"]}
-    kinds = [e[0] for e in events]
-    assert kinds == [ev.N_PREP, ev.N_POST, ev.N_SEND_NOTIF, ev.N_STATE, ev.N_TELEMETRY, ev.N_NOTIFS]
+    kinds = [type(e) for e in events]
+    assert kinds == [ev.Prep, ev.Post, ev.SendNotif, ev.State, ev.Telemetry, ev.Notifs]
     prep = events[0]
-    assert prep[3:] == ("WRITE", b"req-1:1", 42, 3)
-    assert prep[1] <= prep[2]  # call start <= call end
+    assert (prep.op, prep.notif_msg, prep.handle, prep.n_desc) == ("WRITE", b"req-1:1", 42, 3)
+    assert prep.t <= prep.t_end  # call start <= call end
     assert agent.calls == [("send_notif", "peer", b"PUSH_REG:x", None)]
     tap.some_attribute = 5  # attribute writes go to the agent
     assert agent.some_attribute == 5

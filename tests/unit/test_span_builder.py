@@ -63,14 +63,14 @@ def reg_msg(d_req_id: str) -> bytes:
 
 def new_event(req_id: str, t: int, parent: int | None) -> tuple:
     tp = format_traceparent(TRACE, parent) if parent else None
-    return (ev.S_NEW, t, req_id, t / 1e9, 1201, tp)
+    return ev.New(t, req_id, t / 1e9, 1201, tp, 0)
 
 
 def test_scheduler_prefill_span_continues_the_proxy_trace():
     b, exp = make("push", "prefill", "scheduler")
-    b.feed([new_event(P_ID, 1000 * MS, P_PARENT), (ev.S_SCHEDULED, 1002 * MS, P_ID)])
+    b.feed([new_event(P_ID, 1000 * MS, P_PARENT), ev.Scheduled(1002 * MS, P_ID)])
     assert exp.get_finished_spans() == ()  # not finished yet
-    b.feed([(ev.S_FINISHED, 1300 * MS, P_ID, "FINISHED_LENGTH_CAPPED", 10)])
+    b.feed([ev.Finished(1300 * MS, P_ID, "FINISHED_LENGTH_CAPPED", 10)])
     span = by_name(exp)[semconv.SPAN_PREFILL]
     assert span.context.trace_id == TRACE
     assert span.parent.span_id == P_PARENT
@@ -79,7 +79,7 @@ def test_scheduler_prefill_span_continues_the_proxy_trace():
     assert span.attributes[semconv.REQUEST_ID] == BASE
     assert span.attributes[semconv.LOCAL_REQUEST_ID] == P_ID
     assert span.attributes[semconv.PROMPT_TOKENS] == 1201
-    assert [e.name for e in span.events] == ["compute_started"]
+    assert [e.name for e in span.events] == ["scheduler_received", "compute_started"]
     assert span.status.status_code is StatusCode.UNSET
 
 
@@ -88,22 +88,24 @@ def test_scheduler_decode_span_ends_at_first_schedule_after_kv_arrives():
     b.feed(
         [
             new_event(D_ID, 1000 * MS, D_PARENT),
-            (ev.S_ALLOC, 1001 * MS, D_ID, 10, 1201, "prefill-engine-001"),
-            (ev.S_RECV_DONE, 1100 * MS, (D_ID,)),
-            (ev.S_SCHEDULED, 1105 * MS, D_ID),
+            ev.Alloc(1001 * MS, D_ID, 10, 1201, "prefill-engine-001"),
+            ev.RecvDone(1100 * MS, (D_ID,)),
+            ev.Scheduled(1105 * MS, D_ID),
         ]
     )
     span = by_name(exp)[semconv.SPAN_DECODE]
     assert span.end_time == 1105 * MS
     assert span.attributes[semconv.DECODE_END] == "first_token_scheduled"
-    assert [e.name for e in span.events] == ["blocks_allocated", "kv_received"]
+    assert [e.name for e in span.events] == [
+        "scheduler_received",
+        "blocks_allocated",
+        "kv_received",
+    ]
 
 
 def test_no_traceparent_falls_back_to_an_id_derived_from_the_base_request_id():
     b, exp = make("push", "prefill", "scheduler")
-    b.feed(
-        [new_event(P_ID, 1000 * MS, None), (ev.S_FINISHED, 1100 * MS, P_ID, "FINISHED_STOPPED", 1)]
-    )
+    b.feed([new_event(P_ID, 1000 * MS, None), ev.Finished(1100 * MS, P_ID, "FINISHED_STOPPED", 1)])
     span = by_name(exp)[semconv.SPAN_PREFILL]
     assert span.context.trace_id == trace_id_for(BASE)
     assert span.parent is None
@@ -114,7 +116,7 @@ def test_aborted_decode_is_an_error():
     b.feed(
         [
             new_event(D_ID, 1000 * MS, D_PARENT),
-            (ev.S_FINISHED, 1010 * MS, D_ID, "FINISHED_ABORTED", 0),
+            ev.Finished(1010 * MS, D_ID, "FINISHED_ABORTED", 0),
         ]
     )
     span = by_name(exp)[semconv.SPAN_DECODE]
@@ -124,23 +126,22 @@ def test_aborted_decode_is_an_error():
 
 def push_prefill_worker_events(reg_first: bool) -> list[tuple]:
     facts = (new_event(P_ID, 1000 * MS, P_PARENT),)
-    finished = (
-        ev.W_FACTS,
+    finished = ev.Facts(
         1250 * MS,
-        ((ev.S_FINISHED, 1200 * MS, P_ID, "FINISHED_LENGTH_CAPPED", 10),),
+        (ev.Finished(1200 * MS, P_ID, "FINISHED_LENGTH_CAPPED", 10),),
     )
-    reg = (ev.N_NOTIFS, (1100 if reg_first else 1260) * MS, {"agent-d": [reg_msg(D_ID)]})
+    reg = ev.Notifs((1100 if reg_first else 1260) * MS, {"agent-d": [reg_msg(D_ID)]})
     start = 1265 * MS if not reg_first else 1255 * MS
     return [
-        (ev.W_FACTS, 1001 * MS, facts),
+        ev.Facts(1001 * MS, facts),
         *((reg, finished) if reg_first else (finished, reg)),
-        (ev.W_PUSH_START, start, P_ID, D_ID, "decode-engine-001", 10),
-        (ev.W_HANDSHAKE, start + 1 * MS, start + 40 * MS, "decode-engine-001", None),
-        (ev.W_PUSH_START, start + 41 * MS, P_ID, D_ID, "decode-engine-001", 10),
-        (ev.N_PREP, start + 41 * MS, start + 42 * MS, "WRITE", f"{D_ID}:1".encode(), 77, 40),
-        (ev.N_POST, start + 42 * MS, start + 43 * MS, 77, "PROC"),
-        (ev.N_STATE, start + 50 * MS, 77, "DONE"),
-        (ev.N_TELEMETRY, start + 50 * MS, 77, FakeTelemetry()),
+        ev.PushStart(start, P_ID, D_ID, "decode-engine-001", 10),
+        ev.Handshake(start + 1 * MS, start + 40 * MS, "decode-engine-001", None),
+        ev.PushStart(start + 41 * MS, P_ID, D_ID, "decode-engine-001", 10),
+        ev.Prep(start + 41 * MS, start + 42 * MS, "WRITE", f"{D_ID}:1".encode(), 77, 40),
+        ev.Post(start + 42 * MS, start + 43 * MS, 77, "PROC"),
+        ev.State(start + 50 * MS, 77, "DONE"),
+        ev.Telemetry(start + 50 * MS, 77, FakeTelemetry()),
     ]
 
 
@@ -188,18 +189,17 @@ def test_push_decode_worker_register_and_notify():
     b, exp = make("push", "decode", "worker")
     b.feed(
         [
-            (
-                ev.W_FACTS,
+            ev.Facts(
                 1005 * MS,
                 (
                     new_event(D_ID, 1000 * MS, D_PARENT),
-                    (ev.S_ALLOC, 1003 * MS, D_ID, 10, 1201, "prefill-engine-001"),
+                    ev.Alloc(1003 * MS, D_ID, 10, 1201, "prefill-engine-001"),
                 ),
             ),
-            (ev.W_HANDSHAKE, 1006 * MS, 1030 * MS, "prefill-engine-001", None),
-            (ev.N_SEND_NOTIF, 1031 * MS, "agent-p", reg_msg(D_ID)),
-            (ev.N_NOTIFS, 1320 * MS, {"agent-p": [b"HB:x", f"{D_ID}:1".encode()]}),
-            (ev.W_RESULTS, 1330 * MS, (), (D_ID,), ()),
+            ev.Handshake(1006 * MS, 1030 * MS, "prefill-engine-001", None),
+            ev.SendNotif(1031 * MS, "agent-p", reg_msg(D_ID)),
+            ev.Notifs(1320 * MS, {"agent-p": [b"HB:x", f"{D_ID}:1".encode()]}),
+            ev.Results(1330 * MS, (), (D_ID,), ()),
         ]
     )
     spans = by_name(exp)
@@ -217,13 +217,13 @@ def test_pull_decode_worker_handshake_prep_read():
     b, exp = make("pull", "decode", "worker")
     b.feed(
         [
-            (ev.W_FACTS, 1005 * MS, (new_event(D_ID, 1000 * MS, D_PARENT),)),
-            (ev.W_LOAD_START, 1010 * MS, D_ID, "prefill-engine-001", P_ID, 10),
-            (ev.W_HANDSHAKE, 1011 * MS, 1050 * MS, "prefill-engine-001", None),
-            (ev.N_PREP, 1060 * MS, 1061 * MS, "READ", f"{P_ID}:1".encode(), 5, 40),
-            (ev.N_POST, 1061 * MS, 1062 * MS, 5, "PROC"),
-            (ev.N_STATE, 1080 * MS, 5, "DONE"),
-            (ev.N_TELEMETRY, 1080 * MS, 5, FakeTelemetry()),
+            ev.Facts(1005 * MS, (new_event(D_ID, 1000 * MS, D_PARENT),)),
+            ev.LoadStart(1010 * MS, D_ID, "prefill-engine-001", P_ID, 10),
+            ev.Handshake(1011 * MS, 1050 * MS, "prefill-engine-001", None),
+            ev.Prep(1060 * MS, 1061 * MS, "READ", f"{P_ID}:1".encode(), 5, 40),
+            ev.Post(1061 * MS, 1062 * MS, 5, "PROC"),
+            ev.State(1080 * MS, 5, "DONE"),
+            ev.Telemetry(1080 * MS, 5, FakeTelemetry()),
         ]
     )
     spans = by_name(exp)
@@ -242,9 +242,9 @@ def test_pull_prefill_worker_notify():
     b, exp = make("pull", "prefill", "worker")
     b.feed(
         [
-            (ev.W_FACTS, 1005 * MS, (new_event(P_ID, 1000 * MS, P_PARENT),)),
-            (ev.N_NOTIFS, 1400 * MS, {"agent-d": [f"{P_ID}:1".encode()]}),
-            (ev.W_RESULTS, 1405 * MS, (P_ID,), (), ()),
+            ev.Facts(1005 * MS, (new_event(P_ID, 1000 * MS, P_PARENT),)),
+            ev.Notifs(1400 * MS, {"agent-d": [f"{P_ID}:1".encode()]}),
+            ev.Results(1405 * MS, (P_ID,), (), ()),
         ]
     )
     notify = by_name(exp)[semconv.SPAN_KV_NOTIFY]
@@ -256,12 +256,12 @@ def test_failed_transfer_is_an_error_span():
     b, exp = make("pull", "decode", "worker")
     b.feed(
         [
-            (ev.W_FACTS, 1005 * MS, (new_event(D_ID, 1000 * MS, D_PARENT),)),
-            (ev.W_LOAD_START, 1010 * MS, D_ID, "prefill-engine-001", P_ID, 10),
-            (ev.N_PREP, 1011 * MS, 1012 * MS, "READ", f"{P_ID}:1".encode(), 5, 40),
-            (ev.N_POST, 1012 * MS, 1013 * MS, 5, "PROC"),
-            (ev.N_STATE, 1020 * MS, 5, "ERR"),
-            (ev.W_RESULTS, 1021 * MS, (), (D_ID,), (D_ID,)),
+            ev.Facts(1005 * MS, (new_event(D_ID, 1000 * MS, D_PARENT),)),
+            ev.LoadStart(1010 * MS, D_ID, "prefill-engine-001", P_ID, 10),
+            ev.Prep(1011 * MS, 1012 * MS, "READ", f"{P_ID}:1".encode(), 5, 40),
+            ev.Post(1012 * MS, 1013 * MS, 5, "PROC"),
+            ev.State(1020 * MS, 5, "ERR"),
+            ev.Results(1021 * MS, (), (D_ID,), (D_ID,)),
         ]
     )
     read = by_name(exp)[semconv.SPAN_KV_READ]
@@ -273,15 +273,14 @@ def test_handshake_failure_fails_the_registration():
     b, exp = make("push", "decode", "worker")
     b.feed(
         [
-            (
-                ev.W_FACTS,
+            ev.Facts(
                 1005 * MS,
                 (
                     new_event(D_ID, 1000 * MS, D_PARENT),
-                    (ev.S_ALLOC, 1003 * MS, D_ID, 10, 1201, "prefill-engine-001"),
+                    ev.Alloc(1003 * MS, D_ID, 10, 1201, "prefill-engine-001"),
                 ),
             ),
-            (ev.W_HANDSHAKE, 1006 * MS, 1030 * MS, "prefill-engine-001", "TimeoutError()"),
+            ev.Handshake(1006 * MS, 1030 * MS, "prefill-engine-001", "TimeoutError()"),
         ]
     )
     b.sweep(now_ns=1030 * MS + int(200e9))
@@ -298,15 +297,14 @@ def test_missing_notifications_time_out_as_errors():
     b, exp = make("push", "decode", "worker")
     b.feed(
         [
-            (
-                ev.W_FACTS,
+            ev.Facts(
                 1005 * MS,
                 (
                     new_event(D_ID, 1000 * MS, D_PARENT),
-                    (ev.S_ALLOC, 1003 * MS, D_ID, 10, 1201, "prefill-engine-001"),
+                    ev.Alloc(1003 * MS, D_ID, 10, 1201, "prefill-engine-001"),
                 ),
             ),
-            (ev.N_SEND_NOTIF, 1031 * MS, "agent-p", reg_msg(D_ID)),
+            ev.SendNotif(1031 * MS, "agent-p", reg_msg(D_ID)),
         ]
     )
     assert [s.name for s in exp.get_finished_spans()] == [semconv.SPAN_KV_REGISTER]
@@ -322,13 +320,12 @@ def test_registration_that_never_arrives_is_a_rendezvous_error():
     b, exp = make("push", "prefill", "worker")
     b.feed(
         [
-            (ev.W_FACTS, 1001 * MS, (new_event(P_ID, 1000 * MS, P_PARENT),)),
-            (
-                ev.W_FACTS,
+            ev.Facts(1001 * MS, (new_event(P_ID, 1000 * MS, P_PARENT),)),
+            ev.Facts(
                 1250 * MS,
-                ((ev.S_FINISHED, 1200 * MS, P_ID, "FINISHED_LENGTH_CAPPED", 10),),
+                (ev.Finished(1200 * MS, P_ID, "FINISHED_LENGTH_CAPPED", 10),),
             ),
-            (ev.W_RESULTS, 9000 * MS, (P_ID,), (), ()),  # lease expired: blocks released unsent
+            ev.Results(9000 * MS, (P_ID,), (), ()),  # lease expired: blocks released unsent
         ]
     )
     rdv = by_name(exp)[semconv.SPAN_KV_RENDEZVOUS]
@@ -340,12 +337,12 @@ def test_late_events_after_completion_create_no_extra_spans():
     b, exp = make("pull", "prefill", "worker")
     b.feed(
         [
-            (ev.W_FACTS, 1005 * MS, (new_event(P_ID, 1000 * MS, P_PARENT),)),
-            (ev.N_NOTIFS, 1400 * MS, {"agent-d": [f"{P_ID}:1".encode()]}),
-            (ev.W_RESULTS, 1405 * MS, (P_ID,), (), ()),
+            ev.Facts(1005 * MS, (new_event(P_ID, 1000 * MS, P_PARENT),)),
+            ev.Notifs(1400 * MS, {"agent-d": [f"{P_ID}:1".encode()]}),
+            ev.Results(1405 * MS, (P_ID,), (), ()),
         ]
     )
-    b.feed([(ev.W_RESULTS, 1500 * MS, (P_ID,), (), ())])
+    b.feed([ev.Results(1500 * MS, (P_ID,), (), ())])
     b.sweep(now_ns=1500 * MS + int(500e9))
     assert len(exp.get_finished_spans()) == 1
     assert b.open_requests == 0
@@ -370,7 +367,7 @@ def test_request_key_recovers_the_client_request_id(engine_id, key):
 def test_stray_events_for_an_unknown_request_start_no_partial_trace():
     """A notification arriving long after its request ended must not open a new trace."""
     b, exp = make("pull", "prefill", "worker")
-    b.feed([(ev.N_NOTIFS, 1400 * MS, {"agent-d": [f"{P_ID}:1".encode()]})])
+    b.feed([ev.Notifs(1400 * MS, {"agent-d": [f"{P_ID}:1".encode()]})])
     b.sweep(now_ns=1400 * MS + int(500e9))
     assert exp.get_finished_spans() == ()
     assert b.orphans == 1 and b.open_requests == 0

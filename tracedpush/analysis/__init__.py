@@ -27,7 +27,14 @@ from __future__ import annotations
 
 from tracedpush.analysis import phases
 from tracedpush.analysis.analyze import DEFAULT_BUCKETS, DEFAULT_LOAD_BUCKETS, analyze
-from tracedpush.analysis.compare import Comparison, ComparisonGroup, PhaseDelta, compare
+from tracedpush.analysis.compare import (
+    Comparison,
+    ComparisonGroup,
+    PhaseDelta,
+    TtftAccount,
+    compare,
+    explain_delta,
+)
 from tracedpush.analysis.load import FileSource, TraceStore
 from tracedpush.analysis.model import (
     ClockOffset,
@@ -58,8 +65,10 @@ __all__ = [
     "Span",
     "SpanView",
     "TraceStore",
+    "TtftAccount",
     "analyze",
     "compare",
+    "explain_delta",
     "phases",
     "to_perfetto",
 ]

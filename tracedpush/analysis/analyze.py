@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from tracedpush import semconv as sc
 from tracedpush.analysis import skew
 from tracedpush.analysis._gc import paused_gc
-from tracedpush.analysis.critical_path import critical_path
+from tracedpush.analysis.critical_path import critical_path, engine_phases
 from tracedpush.analysis.load import TraceStore
 from tracedpush.analysis.model import (
     STATUS_ERROR,
@@ -222,4 +222,6 @@ def _request(
         error=error,
         lanes=lanes,
         ttft_attr_ms=attr_ttft,
+        engine_phases_ms=engine_phases(ix),
+        prefill_steps=ix.int_attr(sc.PREFILL_STEPS, sc.SPAN_PREFILL),
     )

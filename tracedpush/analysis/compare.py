@@ -4,6 +4,11 @@ The phase-by-phase account uses means, because means add up: for every request t
 critical-path phases sum to its TTFT, so the mean TTFT difference between the modes is
 exactly the sum of the per-phase mean differences. Percentiles (p50/p90/p99) are
 reported alongside but do not decompose.
+
+`TtftAccount` (``ComparisonGroup.account``) is the same account the other way round,
+a - b (push - pull), with p50s beside the means and `unattributed` always listed; it is
+computed for every group where both modes have requests, so per load bucket too, and
+`explain_delta(group)` says it in one sentence.
 """
 
 from __future__ import annotations
@@ -61,6 +66,59 @@ class PhaseDelta:
 
 
 @dataclass(slots=True)
+class PhaseAccount:
+    """One phase's share of the TTFT difference a - b (push - pull by default)."""
+
+    phase: str
+    a_mean_ms: float
+    b_mean_ms: float
+    mean_delta_ms: float  # a - b; over phases these sum to the mean TTFT difference
+    a_p50_ms: float | None
+    b_p50_ms: float | None
+    p50_delta_ms: float | None  # a - b of the phase's p50s (medians do not add up)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "phase": self.phase,
+            "a_mean_ms": round(self.a_mean_ms, 4),
+            "b_mean_ms": round(self.b_mean_ms, 4),
+            "mean_delta_ms": round(self.mean_delta_ms, 4),
+            "a_p50_ms": _rnd(self.a_p50_ms),
+            "b_p50_ms": _rnd(self.b_p50_ms),
+            "p50_delta_ms": _rnd(self.p50_delta_ms),
+        }
+
+
+@dataclass(slots=True)
+class TtftAccount:
+    """Where the TTFT difference a - b goes in one group, phase by phase (pipeline
+    order; `unattributed` always present). ``sum(r.mean_delta_ms for r in rows) ==
+    ttft_mean_delta_ms`` up to float rounding; p50s are beside it, with what the phase
+    p50s leave over (``p50_remainder_ms``), because medians do not add up."""
+
+    rows: list[PhaseAccount]
+    ttft_mean_delta_ms: float  # mean TTFT a - b
+    ttft_p50_delta_ms: float | None  # p50 TTFT a - b
+    p50_remainder_ms: float | None  # ttft_p50_delta_ms - sum of phase p50 deltas
+
+    def row(self, phase: str) -> PhaseAccount | None:
+        return next((r for r in self.rows if r.phase == phase), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "direction": "a - b",
+            "ttft_mean_delta_ms": round(self.ttft_mean_delta_ms, 4),
+            "ttft_p50_delta_ms": _rnd(self.ttft_p50_delta_ms),
+            "p50_remainder_ms": _rnd(self.p50_remainder_ms),
+            "phases": [r.to_json() for r in self.rows],
+        }
+
+
+def _rnd(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+@dataclass(slots=True)
 class ComparisonGroup:
     """One (prompt bucket, load bucket) cell; "all" aggregates a dimension."""
 
@@ -73,6 +131,7 @@ class ComparisonGroup:
     delta: list[PhaseDelta] = field(default_factory=list)  # largest |delta| first
     ttft_mean_delta_ms: float | None = None  # mean TTFT b - a (= sum of delta)
     ttft_p50_delta_ms: float | None = None
+    account: TtftAccount | None = None  # a - b, per phase (both modes present)
 
     def to_json(self) -> dict[str, Any]:
         def rnd(d: dict[str, float | None]) -> dict[str, float | None]:
@@ -92,6 +151,7 @@ class ComparisonGroup:
             if self.ttft_p50_delta_ms is None
             else round(self.ttft_p50_delta_ms, 4),
             "delta": [d.to_json() for d in self.delta],
+            "ttft_account": None if self.account is None else self.account.to_json(),
         }
 
 
@@ -114,6 +174,11 @@ class Comparison:
     @property
     def overall(self) -> ComparisonGroup | None:
         return self.group(ALL, ALL)
+
+    def by_load(self) -> list[ComparisonGroup]:
+        """One group per load bucket (all prompt lengths) present in both modes, in
+        load order: where "Where the TTFT difference goes" is told per load."""
+        return [g for g in self.groups if g.bucket == ALL and g.load != ALL and g.account]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -169,7 +234,72 @@ def _group(
             g.ttft_mean_delta_ms = tb["mean"] - ta["mean"]
         if ta["p50"] is not None and tb["p50"] is not None:
             g.ttft_p50_delta_ms = tb["p50"] - ta["p50"]
+        g.account = _account(phases, means, ttft, a, b)
     return g
+
+
+def _account(
+    phases: dict[str, dict[str, dict[str, float | None]]],
+    means: dict[str, dict[str, float]],
+    ttft: dict[str, dict[str, float | None]],
+    a: str,
+    b: str,
+) -> TtftAccount | None:
+    ta, tb = ttft[a], ttft[b]
+    if ta["mean"] is None or tb["mean"] is None:
+        return None
+    order = {p: k for k, p in enumerate(ph.PHASES)}
+    names = sorted(
+        set(means[a]) | set(means[b]) | {ph.UNATTRIBUTED}, key=lambda p: (order.get(p, 99), p)
+    )
+    rows = []
+    for p in names:
+        pa, pb = phases[a].get(p, {}).get("p50"), phases[b].get(p, {}).get("p50")
+        pa = 0.0 if pa is None else pa  # a phase no request of the mode had: 0 ms
+        pb = 0.0 if pb is None else pb
+        ma, mb = means[a].get(p, 0.0), means[b].get(p, 0.0)
+        rows.append(PhaseAccount(p, ma, mb, ma - mb, pa, pb, pa - pb))
+    p50 = None if ta["p50"] is None or tb["p50"] is None else ta["p50"] - tb["p50"]
+    rest = None if p50 is None else p50 - sum(r.p50_delta_ms or 0.0 for r in rows)
+    return TtftAccount(rows, ta["mean"] - tb["mean"], p50, rest)
+
+
+def describe_group(g: ComparisonGroup) -> str:
+    """ "over all requests", "at 5-8 in flight", "for prompts <=1024 at 2 in flight"."""
+    parts = []
+    if g.bucket != ALL:
+        parts.append(f"for prompts {g.bucket}")
+    if g.load != ALL:
+        parts.append(f"at {g.load} in flight")
+    return " ".join(parts) if parts else "over all requests"
+
+
+def explain_delta(
+    g: ComparisonGroup | None, a: str = "push", b: str = "pull", *, top: int = 3
+) -> str:
+    """The TTFT difference of one group in words, largest mechanisms first, e.g.
+    "push is 812.0 ms slower than pull at 5-8 in flight (mean TTFT; p50 +790.1 ms):
+    step handoff +640.0 ms, writer queue +120.0 ms, queue wait +40.0 ms; other phases
+    +12.0 ms." Uses the means, which add up to the TTFT difference."""
+    if g is None or g.account is None:
+        return f"No comparison: needs both {a} and {b} requests."
+    acc = g.account
+    total = acc.ttft_mean_delta_ms
+    where = describe_group(g)
+    p50 = "" if acc.ttft_p50_delta_ms is None else f"; p50 {acc.ttft_p50_delta_ms:+.1f} ms"
+    if abs(total) < 0.05:
+        head = f"{a} and {b} have the same mean TTFT {where} (within 0.05 ms{p50})"
+    else:
+        verb = "slower" if total > 0 else "faster"
+        head = f"{a} is {abs(total):.1f} ms {verb} than {b} {where} (mean TTFT{p50})"
+    ranked = sorted(acc.rows, key=lambda r: (-abs(r.mean_delta_ms), r.phase))
+    shown = [r for r in ranked[:top] if abs(r.mean_delta_ms) >= 0.05]
+    if not shown:
+        return head + "."
+    text = ", ".join(f"{r.phase} {r.mean_delta_ms:+.1f} ms" for r in shown)
+    rest = total - sum(r.mean_delta_ms for r in shown)
+    tail = f"; other phases {rest:+.1f} ms" if abs(rest) >= 0.05 else ""
+    return f"{head}: {text}{tail}."
 
 
 def compare(run: RunAnalysis, a: str = "push", b: str = "pull") -> Comparison:

@@ -2,23 +2,34 @@
 
 Jaeger's heuristic (descend into the child that finishes last) is wrong when siblings
 overlap, which is exactly push mode: D's registration runs during P's prefill. Instead
-we start at the first token and repeatedly ask "what was this waiting for?":
+we start at the first token and repeatedly ask "what was this waiting for?". Every node
+is a span boundary or a span event, and every segment names one mechanism
+(`tracedpush.analysis.phases`):
 
 push: first token <- decode end <- kv.notify end <- kv.notify start <- WRITE landed
       (kv.write start + NIXL xferDuration) <- kv.write start <- kv.desc_prep <-
-      kv.rendezvous end <- whichever input came second: prefill end (<- prefill <-
-      proxy.prefill sent) or registration sent (<- kv.register <- decode arrival <-
+      kv.rendezvous end (writer starts it) <- handed_to_writer (writer queue) <-
+      max(prefill_finished, registration_arrived) (step handoff) <- whichever input came
+      second: P's leg (prefill compute <- compute_started, queue wait <-
+      scheduler_received, api server <- http_received, network <- proxy.prefill sent),
+      or D's (registration delivery <- kv.register end, registration <- blocks_allocated,
+      queue wait <- scheduler_received, api server <- http_received, network <-
       proxy.decode sent) <- receipt.
 pull: first token <- decode end <- kv.read end (minus its polling lag) <- kv.read start
-      <- kv.desc_prep <- decode arrival <- kv.relay <- proxy.prefill end <- prefill end
-      <- prefill start <- proxy.prefill sent <- receipt.
+      <- kv.desc_prep <- blocks_allocated (step handoff) <- D's queue wait, api server,
+      network <- kv.relay <- proxy.prefill end (response) <- prefill end <- P's prefill
+      compute, queue wait, api server, network <- receipt.
 
 Each step cuts a segment [its node, the cursor]; nodes later than the cursor are
 clamped to it (and reported when the excess is more than clock noise), so segments are
 consecutive, non-negative and sum exactly to the TTFT. A missing span merges its
-neighbours into an "unattributed" gap and marks the request incomplete. NIXL handshakes
-are carved out of whatever gap they sit in. Spans that overlap the TTFT window without
-being on the path are reported as hidden.
+neighbours into an "unattributed" gap and marks the request incomplete; a missing event
+does the same (or falls back, e.g. to the span start without ``http_received``) and is
+reported, without making the trace incomplete. NIXL handshakes are carved out of
+whatever gap they sit in. Spans that overlap the TTFT window without being on the path
+are reported as hidden, and so is P's registration wait (engine-local, it overlaps D's
+chain). `engine_phases` measures every phase on each engine's own clock, on the path or
+not.
 """
 
 from __future__ import annotations
@@ -29,20 +40,30 @@ from dataclasses import dataclass
 from tracedpush import semconv as sc
 from tracedpush.analysis import phases as ph
 from tracedpush.analysis.model import Segment, Span
-from tracedpush.analysis.timeline import DECODE, PREFILL, PROXY, TraceIndex
+from tracedpush.analysis.timeline import DECODE, PREFILL, PROXY, TraceIndex, role_of
 
 Ms = Callable[[Span, int], float]  # raw span time (ns) -> corrected ms from receipt
 
 CLAMP_NOISE_MS = 0.5  # ordering violations below this are clock noise, not news
 
 _CARVABLE = frozenset(
-    {ph.RENDEZVOUS_WAIT, ph.DECODE_ADMISSION, ph.DESC_PREP, ph.REGISTRATION, ph.UNATTRIBUTED}
+    {
+        ph.STEP_HANDOFF,
+        ph.WRITER_QUEUE,
+        ph.DESC_PREP,
+        ph.QUEUE_WAIT,
+        ph.REGISTRATION,
+        ph.REGISTRATION_DELIVERY,
+        ph.UNATTRIBUTED,
+    }
 )
+# The phase a span stands for when it is hidden (engine spans are split into their
+# sub-phases instead, see `_hidden`).
 SPAN_PHASE = {
-    sc.SPAN_PREFILL: ph.PREFILL,
-    sc.SPAN_DECODE: ph.DECODE_ADMISSION,
+    sc.SPAN_PREFILL: ph.PREFILL_COMPUTE,
+    sc.SPAN_DECODE: ph.QUEUE_WAIT,
     sc.SPAN_KV_REGISTER: ph.REGISTRATION,
-    sc.SPAN_KV_RENDEZVOUS: ph.RENDEZVOUS_WAIT,
+    sc.SPAN_KV_RENDEZVOUS: ph.WRITER_QUEUE,
     sc.SPAN_KV_HANDSHAKE: ph.HANDSHAKE,
     sc.SPAN_KV_DESC_PREP: ph.DESC_PREP,
     sc.SPAN_KV_WRITE: ph.WRITE,
@@ -60,10 +81,10 @@ class Step:
 
     phase: str
     service: str
-    node: float | None  # None: the span giving this node is missing
+    node: float | None  # None: the span (or event) giving this node is missing
     owner: Span | None = None
     optional: bool = False  # a refinement (e.g. polling lag): silently skipped if None
-    need: str = ""  # the span name whose absence makes node None
+    need: str = ""  # the span name whose absence makes node None ("" for an event)
 
 
 @dataclass(slots=True)
@@ -112,6 +133,46 @@ def _num(span: Span | None, key: str) -> float | None:
         return None
 
 
+def _latest(*ts: float | None) -> float | None:
+    known = [t for t in ts if t is not None]
+    return max(known) if known else None
+
+
+def _no_event(span: Span, event: str, consequence: str) -> str:
+    return f"no {event} event on {span.name}: {consequence}"
+
+
+def _need(span: Span | None, name: str) -> str:
+    """The span a node needs, for `Step.need`: "" when the span is there (a missing event
+    is reported by the caller and does not make the trace incomplete)."""
+    return name if span is None else ""
+
+
+def _leg(
+    c: _Ctx, span: Span | None, name: str, svc: str, sent: float | None, sent_need: str
+) -> tuple[list[Step], list[str]]:
+    """An engine leg from scheduler_received back to the proxy sending it: queue wait
+    (node scheduler_received), api server (http_received), network (the leg sent).
+    The caller's previous step ends the queue wait (compute_started, blocks_allocated)."""
+    problems: list[str] = []
+    sched = c.event(span, sc.EVENT_SCHEDULER_RECEIVED)
+    http = c.event(span, sc.EVENT_HTTP_RECEIVED)
+    steps: list[Step] = []
+    if span is not None and http is None:
+        http = c.start(span)
+        problems.append(_no_event(span, sc.EVENT_HTTP_RECEIVED, "network includes API-server work"))
+    if span is not None and sched is None:
+        problems.append(
+            _no_event(span, sc.EVENT_SCHEDULER_RECEIVED, "API-server time counted in queue wait")
+        )
+        steps.append(Step(ph.QUEUE_WAIT, svc, http, span, need=name))
+    else:
+        steps.append(Step(ph.QUEUE_WAIT, svc, sched, span, need=name))
+        steps.append(Step(ph.API_SERVER, svc, http, span, need=name))
+    steps.append(Step(ph.NETWORK, svc, sent, None, need=sent_need))
+    return steps, problems
+
+
 def _push_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, list[str]]:
     ix = c.ix
     root, pd, pp = (
@@ -130,6 +191,7 @@ def _push_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
         _svc(dec, sc.SERVICE_DECODE),
         _svc(root, sc.SERVICE_PROXY),
     )
+    problems: list[str] = []
 
     landed = None
     if write is not None:
@@ -142,6 +204,36 @@ def _push_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
             landed = c.end(write) - lag / 1000.0
         else:
             landed = c.end(write)
+
+    first = rdv.attributes.get(sc.RENDEZVOUS_FIRST) if rdv is not None else None
+    if first not in ("registration", "prefill"):
+        # No attribute: the input that came second is the one that finished last.
+        pe, re_ = c.end(pre), c.end(reg)
+        if pe is not None and re_ is not None:
+            first = "registration" if re_ <= pe else "prefill"
+        elif pe is not None:
+            first = "registration"
+        elif re_ is not None:
+            first = "prefill"
+        if first is not None and rdv is not None:
+            problems.append(f"{sc.SPAN_KV_RENDEZVOUS} has no {sc.RENDEZVOUS_FIRST}; inferred")
+
+    # F: P's scheduler finished the request; R: P's writer drained D's registration;
+    # H: P's worker handed the blocks to the writer; W: the writer started the request.
+    f_ = c.event(rdv, sc.EVENT_PREFILL_FINISHED)
+    if f_ is None:
+        f_ = c.end(pre)
+    r_ = c.event(rdv, sc.EVENT_REGISTRATION_ARRIVED)
+    if r_ is None and rdv is not None and first == "registration":
+        r_ = c.start(rdv)  # it came first: it opened the rendezvous
+    h_ = c.event(rdv, sc.EVENT_HANDED_TO_WRITER)
+    if rdv is not None and h_ is None:
+        problems.append(
+            _no_event(
+                rdv, sc.EVENT_HANDED_TO_WRITER, "step handoff and writer queue are unattributed"
+            )
+        )
+    ready = _latest(f_, r_)
     steps: list[Step] = []
     if end_from_root:
         steps.append(
@@ -155,37 +247,28 @@ def _push_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
         Step(ph.WRITE, s_p, c.start(write), write, need=sc.SPAN_KV_WRITE),
         Step(ph.DESC_PREP, s_p, c.end(prep), prep, need=sc.SPAN_KV_DESC_PREP),
         Step(ph.DESC_PREP, s_p, c.start(prep), prep, need=sc.SPAN_KV_DESC_PREP),
-        Step(ph.RENDEZVOUS_WAIT, s_p, c.end(rdv), rdv, need=sc.SPAN_KV_RENDEZVOUS),
+        # the writer started it -> descriptor prep (a first-contact handshake sits here)
+        Step(ph.DESC_PREP, s_p, c.end(rdv), rdv, need=sc.SPAN_KV_RENDEZVOUS),
+        Step(ph.WRITER_QUEUE, s_p, None if h_ is None else _latest(h_, ready), rdv),
+        Step(ph.STEP_HANDOFF, s_p, ready, rdv, need=sc.SPAN_KV_RENDEZVOUS),
     ]
-    problems: list[str] = []
-    first = rdv.attributes.get(sc.RENDEZVOUS_FIRST) if rdv is not None else None
-    if first not in ("registration", "prefill"):
-        # No attribute: the input that came second is the one that finished last.
-        pe, re_ = c.end(pre), c.end(reg)
-        if pe is not None and re_ is not None:
-            first = "registration" if re_ <= pe else "prefill"
-        elif pe is not None:
-            first = "registration"
-        elif re_ is not None:
-            first = "prefill"
-        if first is not None and rdv is not None:
-            problems.append(f"{sc.SPAN_KV_RENDEZVOUS} has no {sc.RENDEZVOUS_FIRST}; inferred")
     if first == "prefill":  # the registration came second: D's side is on the path
         steps += [
-            Step(ph.REGISTRATION_WAIT, s_p, c.end(reg), rdv, need=sc.SPAN_KV_REGISTER),
+            Step(ph.REGISTRATION_DELIVERY, s_d, c.end(reg), None, need=sc.SPAN_KV_REGISTER),
             Step(ph.REGISTRATION, s_d, c.start(reg), reg, need=sc.SPAN_KV_REGISTER),
-            Step(ph.DECODE_ADMISSION, s_d, c.start(dec), dec, need=sc.SPAN_DECODE),
-            Step(ph.NETWORK, s_d, c.start(pd), None, need=sc.SPAN_PROXY_DECODE),
-            Step(ph.PROXY, s_x, 0.0, root),
+            Step(ph.REGISTRATION, s_d, c.event(dec, sc.EVENT_BLOCKS_ALLOCATED), reg, optional=True),
         ]
+        leg, more = _leg(c, dec, sc.SPAN_DECODE, s_d, c.start(pd), sc.SPAN_PROXY_DECODE)
     else:  # prefill finished second (or unknown): P's side is on the path
-        steps += [
-            Step(ph.RENDEZVOUS_WAIT, s_p, c.end(pre), rdv, need=sc.SPAN_PREFILL),
-            Step(ph.PREFILL, s_p, c.start(pre), pre, need=sc.SPAN_PREFILL),
-            Step(ph.NETWORK, s_p, c.start(pp), None, need=sc.SPAN_PROXY_PREFILL),
-            Step(ph.PROXY, s_x, 0.0, root),
-        ]
-    return steps, first, problems
+        compute = c.event(pre, sc.EVENT_COMPUTE_STARTED)
+        if pre is not None and compute is None:
+            problems.append(
+                _no_event(pre, sc.EVENT_COMPUTE_STARTED, "queue wait and compute are unattributed")
+            )
+        steps.append(Step(ph.PREFILL_COMPUTE, s_p, compute, pre, need=_need(pre, sc.SPAN_PREFILL)))
+        leg, more = _leg(c, pre, sc.SPAN_PREFILL, s_p, c.start(pp), sc.SPAN_PROXY_PREFILL)
+    steps += [*leg, Step(ph.PROXY, s_x, 0.0, root)]
+    return steps, first, problems + more
 
 
 def _pull_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, list[str]]:
@@ -204,8 +287,19 @@ def _pull_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
         _svc(dec, sc.SERVICE_DECODE),
         _svc(root, sc.SERVICE_PROXY),
     )
+    problems: list[str] = []
     lag = _num(read, sc.POLL_LAG_US)
     read_done = None if read is None or lag is None else c.end(read) - lag / 1000.0
+    alloc = c.event(dec, sc.EVENT_BLOCKS_ALLOCATED)
+    if dec is not None and alloc is None:
+        problems.append(
+            _no_event(dec, sc.EVENT_BLOCKS_ALLOCATED, "queue wait, step handoff unattributed")
+        )
+    compute = c.event(pre, sc.EVENT_COMPUTE_STARTED)
+    if pre is not None and compute is None:
+        problems.append(
+            _no_event(pre, sc.EVENT_COMPUTE_STARTED, "queue wait and compute are unattributed")
+        )
     steps: list[Step] = []
     if end_from_root:
         steps.append(
@@ -218,23 +312,23 @@ def _pull_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
         Step(ph.READ, s_d, c.start(read), read, need=sc.SPAN_KV_READ),
         Step(ph.DESC_PREP, s_d, c.end(prep), prep, need=sc.SPAN_KV_DESC_PREP),
         Step(ph.DESC_PREP, s_d, c.start(prep), prep, need=sc.SPAN_KV_DESC_PREP),
-        Step(ph.DECODE_ADMISSION, s_d, c.start(dec), dec, need=sc.SPAN_DECODE),
+        Step(ph.STEP_HANDOFF, s_d, alloc, dec, need=_need(dec, sc.SPAN_DECODE)),
     ]
     if relay is not None:
-        steps += [
-            Step(ph.NETWORK, s_d, c.end(relay), None),
-            Step(ph.RELAY, s_x, c.start(relay), relay),
-        ]
+        d_leg, more = _leg(c, dec, sc.SPAN_DECODE, s_d, c.end(relay), "")
+        steps += [*d_leg, Step(ph.RELAY, s_x, c.start(relay), relay)]
     else:
-        steps.append(Step(ph.NETWORK, s_d, c.start(pd), None, need=sc.SPAN_KV_RELAY))
+        d_leg, more = _leg(c, dec, sc.SPAN_DECODE, s_d, c.start(pd), sc.SPAN_KV_RELAY)
+        steps += d_leg
+    p_leg, more2 = _leg(c, pre, sc.SPAN_PREFILL, s_p, c.start(pp), sc.SPAN_PROXY_PREFILL)
     steps += [
         Step(ph.PROXY, s_x, c.end(pp), root, need=sc.SPAN_PROXY_PREFILL),
-        Step(ph.NETWORK, s_p, c.end(pre), None, need=sc.SPAN_PREFILL),
-        Step(ph.PREFILL, s_p, c.start(pre), pre, need=sc.SPAN_PREFILL),
-        Step(ph.NETWORK, s_p, c.start(pp), None, need=sc.SPAN_PROXY_PREFILL),
+        Step(ph.RESPONSE, s_p, c.end(pre), None, need=sc.SPAN_PREFILL),
+        Step(ph.PREFILL_COMPUTE, s_p, compute, pre, need=_need(pre, sc.SPAN_PREFILL)),
+        *p_leg,
         Step(ph.PROXY, s_x, 0.0, root),
     ]
-    return steps, None, []
+    return steps, None, problems + more + more2
 
 
 def walk(steps: list[Step], end_ms: float) -> tuple[list[Segment], set[str], list[str], list[str]]:
@@ -365,6 +459,34 @@ def critical_path(ix: TraceIndex, ms: Ms) -> PathResult:
     return PathResult(segments, hidden, owners, problems, ft, first, tuple(missing), first_token)
 
 
+def _clip(
+    phase: str, service: str, a: float | None, b: float | None, end: float, span: str
+) -> Segment | None:
+    """A hidden segment [a, b] clipped to the TTFT window, or None when outside it."""
+    if a is None or b is None:
+        return None
+    a, b = max(a, 0.0), min(b, end)
+    if b > a or (b == a and 0.0 < a < end):  # instants inside the window count
+        return Segment(phase, service, a, b - a, span)
+    return None
+
+
+def _engine_parts(c: _Ctx, s: Span) -> list[tuple[str, float | None, float | None]]:
+    """A hidden `prefill` span as its phases: api server, queue wait, prefill compute."""
+    http = c.event(s, sc.EVENT_HTTP_RECEIVED) or c.start(s)
+    sched = c.event(s, sc.EVENT_SCHEDULER_RECEIVED)
+    compute = c.event(s, sc.EVENT_COMPUTE_STARTED)
+    if compute is None:
+        return [(ph.PREFILL_COMPUTE, c.start(s), c.end(s))]
+    if sched is None:
+        return [(ph.QUEUE_WAIT, http, compute), (ph.PREFILL_COMPUTE, compute, c.end(s))]
+    return [
+        (ph.API_SERVER, http, sched),
+        (ph.QUEUE_WAIT, sched, compute),
+        (ph.PREFILL_COMPUTE, compute, c.end(s)),
+    ]
+
+
 def _hidden(c: _Ctx, owners: set[str], end: float, first: str | None) -> list[Segment]:
     """Engine and KV phases inside [0, end] that the first token did not wait for."""
     out: list[Segment] = []
@@ -373,10 +495,28 @@ def _hidden(c: _Ctx, owners: set[str], end: float, first: str | None) -> list[Se
         for s in ix.all(name):
             if s.span_id in owners:
                 continue
-            a, b = max(c.start(s), 0.0), min(c.end(s), end)
-            if b > a or (b == a and 0.0 < a < end):  # instants inside the window count
-                out.append(Segment(SPAN_PHASE[name], s.resource.service, a, b - a, name))
-    if ix.mode == "push":  # P only notices its WRITE finished at its next step
+            svc = s.resource.service
+            parts = (
+                _engine_parts(c, s)
+                if name == sc.SPAN_PREFILL
+                else [(SPAN_PHASE[name], c.start(s), c.end(s))]
+            )
+            for phase, a, b in parts:
+                seg = _clip(phase, svc, a, b, end, name)
+                if seg is not None:
+                    out.append(seg)
+    if ix.mode == "push":
+        rdv = ix.one(sc.SPAN_KV_RENDEZVOUS, PREFILL)
+        f_ = c.event(rdv, sc.EVENT_PREFILL_FINISHED)
+        r_ = c.event(rdv, sc.EVENT_REGISTRATION_ARRIVED)
+        if rdv is not None and f_ is not None and r_ is not None and r_ > f_:
+            # P was ready and waited for D's registration: it overlaps D's chain
+            seg = _clip(
+                ph.REGISTRATION_WAIT, rdv.resource.service, f_, r_, end, sc.SPAN_KV_RENDEZVOUS
+            )
+            if seg is not None:
+                out.append(seg)
+        # P only notices its WRITE finished at its next step
         write = ix.one(sc.SPAN_KV_WRITE, PREFILL)
         lag = _num(write, sc.POLL_LAG_US)
         if write is not None and lag:
@@ -385,4 +525,112 @@ def _hidden(c: _Ctx, owners: set[str], end: float, first: str | None) -> list[Se
             if b > a:
                 out.append(Segment(ph.POLL_LAG, write.resource.service, a, b - a, sc.SPAN_KV_WRITE))
     out.sort(key=lambda s: s.start_ms)
+    return out
+
+
+# ------------------------------------------------------------------ engine-local phases
+
+ENGINE_ROLES = (PREFILL, DECODE)
+
+
+def _ev(span: Span | None, name: str) -> int | None:
+    return None if span is None else span.event_ns(name)
+
+
+def _gap_ms(a: int | None, b: int | None) -> float | None:
+    return None if a is None or b is None else max(b - a, 0) / 1e6
+
+
+def _overlap_ms(spans: list[Span], a: int | None, b: int | None) -> float:
+    if a is None or b is None:
+        return 0.0
+    return sum(max(min(s.end_ns, b) - max(s.start_ns, a), 0) for s in spans) / 1e6
+
+
+def engine_phases(ix: TraceIndex) -> dict[str, dict[str, float]]:
+    """Every phase each engine measured for this request, on or off the critical path:
+    ``{"prefill": {phase: ms}, "decode": {phase: ms}}``. Each phase is bounded by two
+    times from one engine (its scheduler and worker share a host clock), so no clock
+    correction is involved. A phase whose bounding span or event is missing is left out.
+    WRITE / READ are NIXL's xferDuration exactly (what vLLM's nixl_xfer_time observes),
+    queue wait on P is vLLM's request_queue_time, prefill compute its request_prefill_time.
+    """
+    out: dict[str, dict[str, float]] = {PREFILL: {}, DECODE: {}}
+
+    def put(role: str, phase: str, v: float | None) -> None:
+        if v is not None:
+            out[role][phase] = out[role].get(phase, 0.0) + v
+
+    pre, dec = ix.one(sc.SPAN_PREFILL, PREFILL), ix.one(sc.SPAN_DECODE, DECODE)
+    hs = {
+        role: [s for s in ix.all(sc.SPAN_KV_HANDSHAKE) if role_of(s) == role]
+        for role in ENGINE_ROLES
+    }
+    for role, span in ((PREFILL, pre), (DECODE, dec)):
+        sched = _ev(span, sc.EVENT_SCHEDULER_RECEIVED)
+        put(role, ph.API_SERVER, _gap_ms(_ev(span, sc.EVENT_HTTP_RECEIVED), sched))
+        queue_end = sc.EVENT_COMPUTE_STARTED if role == PREFILL else sc.EVENT_BLOCKS_ALLOCATED
+        put(role, ph.QUEUE_WAIT, _gap_ms(sched, _ev(span, queue_end)))
+        for h in hs[role]:
+            put(role, ph.HANDSHAKE, (h.end_ns - h.start_ns) / 1e6)
+    if pre is not None:
+        put(PREFILL, ph.PREFILL_COMPUTE, _gap_ms(_ev(pre, sc.EVENT_COMPUTE_STARTED), pre.end_ns))
+
+    if ix.mode == "push":
+        rdv = ix.one(sc.SPAN_KV_RENDEZVOUS, PREFILL)
+        prep = ix.one(sc.SPAN_KV_DESC_PREP, PREFILL)
+        write = ix.one(sc.SPAN_KV_WRITE, PREFILL)
+        reg = ix.one(sc.SPAN_KV_REGISTER, DECODE)
+        notify = ix.one(sc.SPAN_KV_NOTIFY, DECODE)
+        f_ = _ev(rdv, sc.EVENT_PREFILL_FINISHED)
+        if f_ is None and pre is not None and rdv is not None:
+            f_ = pre.end_ns
+        r_ = _ev(rdv, sc.EVENT_REGISTRATION_ARRIVED)
+        h_ = _ev(rdv, sc.EVENT_HANDED_TO_WRITER)
+        if f_ is not None and r_ is not None:
+            put(PREFILL, ph.REGISTRATION_WAIT, _gap_ms(f_, max(f_, r_)))
+        ready = max((t for t in (f_, r_) if t is not None), default=None)
+        if h_ is not None and ready is not None:
+            put(PREFILL, ph.STEP_HANDOFF, _gap_ms(ready, max(ready, h_)))
+            if rdv is not None:
+                put(PREFILL, ph.WRITER_QUEUE, _gap_ms(max(ready, h_), rdv.end_ns))
+        if write is not None:
+            start = rdv.end_ns if rdv is not None else (prep.start_ns if prep else None)
+            prep_ms = _gap_ms(start, write.start_ns)
+            if prep_ms is not None:
+                prep_ms -= _overlap_ms(hs[PREFILL], start, write.start_ns)
+                put(PREFILL, ph.DESC_PREP, max(prep_ms, 0.0))
+            xfer = _num(write, sc.NIXL_XFER_US)
+            put(PREFILL, ph.WRITE, None if xfer is None else xfer / 1000.0)
+            lag = _num(write, sc.POLL_LAG_US)
+            put(PREFILL, ph.POLL_LAG, None if lag is None else lag / 1000.0)
+        elif prep is not None:
+            put(PREFILL, ph.DESC_PREP, (prep.end_ns - prep.start_ns) / 1e6)
+        if reg is not None:
+            put(DECODE, ph.REGISTRATION, (reg.end_ns - reg.start_ns) / 1e6)
+        if notify is not None:
+            put(DECODE, ph.NOTIFY_COUNTING, (notify.end_ns - notify.start_ns) / 1e6)
+            if dec is not None:
+                put(DECODE, ph.DECODE_SCHEDULING, _gap_ms(notify.end_ns, dec.end_ns))
+    elif ix.mode == "pull":
+        prep = ix.one(sc.SPAN_KV_DESC_PREP, DECODE)
+        read = ix.one(sc.SPAN_KV_READ, DECODE)
+        notify = ix.one(sc.SPAN_KV_NOTIFY, PREFILL)
+        alloc = _ev(dec, sc.EVENT_BLOCKS_ALLOCATED)
+        if prep is not None and alloc is not None:
+            handoff = _gap_ms(alloc, prep.start_ns) or 0.0
+            handoff -= _overlap_ms(hs[DECODE], alloc, prep.start_ns)
+            put(DECODE, ph.STEP_HANDOFF, max(handoff, 0.0))
+        if prep is not None:
+            end = read.start_ns if read is not None else prep.end_ns
+            put(DECODE, ph.DESC_PREP, _gap_ms(prep.start_ns, end))
+        if read is not None:
+            xfer = _num(read, sc.NIXL_XFER_US)
+            put(DECODE, ph.READ, None if xfer is None else xfer / 1000.0)
+            lag = _num(read, sc.POLL_LAG_US)
+            put(DECODE, ph.POLL_LAG, None if lag is None else lag / 1000.0)
+            if dec is not None:
+                put(DECODE, ph.DECODE_SCHEDULING, _gap_ms(read.end_ns, dec.end_ns))
+        if notify is not None:
+            put(PREFILL, ph.NOTIFY_COUNTING, (notify.end_ns - notify.start_ns) / 1e6)
     return out

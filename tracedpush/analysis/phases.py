@@ -1,22 +1,37 @@
 """Names of the phases a request's TTFT is cut into (the analysis' own vocabulary).
 
 Span names belong to `tracedpush.semconv`; phases are what the critical path reports.
-Several phases come from gaps between spans (a request in flight, a handoff between
-threads), so they have no span of their own. `PHASES` is in pipeline order, which the
-console uses for stacking and colours.
+Each phase names one mechanism and is bounded by two events of the trace (a span's start
+or end, or a span event such as ``http_received``); several come from gaps between spans
+(a request in flight, a handoff between threads), so they have no span of their own.
+`PHASES` is in pipeline order, which the console uses for stacking and colours.
+
+Renamed in JSON version 2 (issue 8): ``prefill`` -> api server + queue wait + prefill
+compute; ``decode admission`` -> api server + queue wait (+ step handoff in pull);
+``rendezvous wait`` -> step handoff + writer queue (+ registration delivery); the pull
+``network`` segment after prefill -> ``response``; the old ``registration wait``
+(registration sent on D -> seen on P) -> ``registration delivery``.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-PROXY: Final = "proxy"  # the proxy's own work: receipt -> leg sent; first token -> client
-NETWORK: Final = "network"  # request / response in flight between the proxy and an engine
-PREFILL: Final = "prefill"  # P: arrival at P's API server -> request finished (queue+compute)
-DECODE_ADMISSION: Final = "decode admission"  # D: arrival -> KV work starts (alloc, queue)
-REGISTRATION: Final = "registration"  # push, D: kv.register (blocks allocated -> reg sent)
-REGISTRATION_WAIT: Final = "registration wait"  # push: reg sent (D) -> seen by P's writer
-RENDEZVOUS_WAIT: Final = "rendezvous wait"  # push, P: prefill done -> writer picks it up
+# every leg (P's, D's)
+NETWORK: Final = "network"  # proxy sends the leg -> engine's HTTP server has it
+API_SERVER: Final = "api server"  # http_received -> scheduler_received
+QUEUE_WAIT: Final = "queue wait"  # scheduler_received -> compute_started / blocks_allocated
+PREFILL_COMPUTE: Final = "prefill compute"  # P: compute_started -> prefill finished
+# pull, after prefill
+RESPONSE: Final = "response"  # P finished -> the proxy has P's answer (proxy.prefill end)
+RELAY: Final = "relay"  # kv.relay in the proxy (P's answer -> D's request)
+# push, D's side of the rendezvous
+REGISTRATION: Final = "registration"  # kv.register: blocks allocated -> registration sent
+REGISTRATION_DELIVERY: Final = "registration delivery"  # kv.register end -> P's writer has it
+REGISTRATION_WAIT: Final = "registration wait"  # P: prefill finished -> registration arrived
+# handing the KV over
+STEP_HANDOFF: Final = "step handoff"  # inputs ready -> the worker takes it at its next step
+WRITER_QUEUE: Final = "writer queue"  # push: handed_to_writer -> writer starts it
 HANDSHAKE: Final = "handshake"  # NIXL agent handshake on first contact
 DESC_PREP: Final = "descriptor prep"  # kv.desc_prep + posting the transfer
 WRITE: Final = "WRITE"  # push: NIXL WRITE posted -> data landed (NIXL xferDuration)
@@ -24,19 +39,23 @@ READ: Final = "READ"  # pull: NIXL READ posted -> completion (minus polling lag)
 POLL_LAG: Final = "completion polling lag"  # completion seen only at the next engine step
 NOTIFICATION: Final = "notification"  # push: data landed -> first notification seen on D
 NOTIFY_COUNTING: Final = "notification counting"  # kv.notify: first -> last notification
-RELAY: Final = "relay"  # pull: kv.relay in the proxy (P's answer -> D's request)
 DECODE_SCHEDULING: Final = "decode scheduling"  # D: KV complete -> first token scheduled
 FIRST_DECODE_STEP: Final = "first decode step"  # D: scheduled -> first token at the proxy
-UNATTRIBUTED: Final = "unattributed"  # a gap whose bounding spans are missing
+PROXY: Final = "proxy"  # the proxy's own work: receipt -> leg sent; first token -> client
+UNATTRIBUTED: Final = "unattributed"  # a gap whose bounding spans or events are missing
 
 PHASES: Final = (
-    PROXY,
     NETWORK,
-    PREFILL,
-    DECODE_ADMISSION,
+    API_SERVER,
+    QUEUE_WAIT,
+    PREFILL_COMPUTE,
+    RESPONSE,
+    RELAY,
     REGISTRATION,
+    REGISTRATION_DELIVERY,
     REGISTRATION_WAIT,
-    RENDEZVOUS_WAIT,
+    STEP_HANDOFF,
+    WRITER_QUEUE,
     HANDSHAKE,
     DESC_PREP,
     WRITE,
@@ -44,29 +63,47 @@ PHASES: Final = (
     POLL_LAG,
     NOTIFICATION,
     NOTIFY_COUNTING,
-    RELAY,
     DECODE_SCHEDULING,
     FIRST_DECODE_STEP,
+    PROXY,
     UNATTRIBUTED,
 )
 
+# Phase names of JSON version 1 that no longer exist (see the module docstring).
+REMOVED: Final = ("prefill", "decode admission", "rendezvous wait")
+
 DESCRIPTIONS: Final = {
-    PROXY: "the proxy's own work (before sending a leg, relaying the first token)",
-    NETWORK: "a request or response in flight between the proxy and an engine",
-    PREFILL: "prefill on P: arrival at its API server -> request finished",
-    DECODE_ADMISSION: "D: arrival -> its KV work starts (scheduling, block allocation)",
+    NETWORK: "transport: the proxy sends a leg -> the engine's HTTP server has it "
+    "(proxy.prefill / proxy.decode start, or kv.relay end -> http_received)",
+    API_SERVER: "the engine's API server: HTTP parsing, tokenization, IPC to the engine "
+    "core (http_received -> scheduler_received)",
+    QUEUE_WAIT: "the scheduler's waiting queue (scheduler_received -> compute_started on P, "
+    "-> blocks_allocated on D; vLLM's request_queue_time on P)",
+    PREFILL_COMPUTE: "P: first scheduled -> prefill finished, chunked steps included "
+    "(compute_started -> prefill end; vLLM's request_prefill_time)",
+    RESPONSE: "pull: P finished -> the proxy has P's answer (prefill end -> proxy.prefill end)",
+    RELAY: "pull: the proxy relays P's kv_transfer_params to D (kv.relay)",
     REGISTRATION: "push, D: blocks allocated -> registration sent (kv.register)",
-    REGISTRATION_WAIT: "push: registration sent by D -> picked up by P's writer",
-    RENDEZVOUS_WAIT: "push, P: second rendezvous input -> descriptor prep starts",
-    HANDSHAKE: "NIXL handshake with a peer seen for the first time",
-    DESC_PREP: "building NIXL descriptors and posting the transfer",
-    WRITE: "push: NIXL WRITE posted -> data landed (NIXL's transfer time)",
-    READ: "pull: NIXL READ posted -> completion, without the polling lag",
-    POLL_LAG: "completion noticed only at the next engine step",
+    REGISTRATION_DELIVERY: "push: registration sent by D -> drained by P's writer "
+    "(kv.register end -> registration_arrived)",
+    REGISTRATION_WAIT: "push, P: prefill finished -> D's registration arrived (engine-local; "
+    "overlaps D's chain, so never on the critical path)",
+    STEP_HANDOFF: "both inputs ready -> the worker takes the request up at its next engine "
+    "step (push: max(prefill_finished, registration_arrived) -> handed_to_writer; pull, D: "
+    "blocks_allocated -> kv.desc_prep start)",
+    WRITER_QUEUE: "push, P: handed to the push writer -> the writer starts it "
+    "(handed_to_writer -> kv.rendezvous end)",
+    HANDSHAKE: "NIXL handshake with a peer seen for the first time (kv.handshake)",
+    DESC_PREP: "building NIXL descriptors and posting the transfer "
+    "(kv.desc_prep start -> kv.write / kv.read start)",
+    WRITE: "push: NIXL WRITE posted -> data landed (NIXL's xferDuration; vLLM's nixl_xfer_time)",
+    READ: "pull: NIXL READ posted -> completion, without the polling lag "
+    "(NIXL's xferDuration; vLLM's nixl_xfer_time)",
+    POLL_LAG: "the transfer's completion noticed only at the next engine step",
     NOTIFICATION: "push: data landed on D -> first completion notification seen",
     NOTIFY_COUNTING: "kv.notify: first -> last expected completion notification",
-    RELAY: "pull: the proxy relays P's kv_transfer_params to D",
     DECODE_SCHEDULING: "D: KV complete -> request scheduled for its first step",
     FIRST_DECODE_STEP: "D: first step computed and the token sent to the proxy",
-    UNATTRIBUTED: "a gap whose bounding spans are missing from the trace",
+    PROXY: "the proxy's own work (before sending a leg, relaying the first token)",
+    UNATTRIBUTED: "a gap whose bounding spans or events are missing from the trace",
 }

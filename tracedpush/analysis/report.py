@@ -6,7 +6,15 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from tracedpush.analysis.compare import ALL, Comparison, ComparisonGroup, compare
+from tracedpush.analysis import phases as ph
+from tracedpush.analysis.compare import (
+    ALL,
+    Comparison,
+    ComparisonGroup,
+    compare,
+    describe_group,
+    explain_delta,
+)
 from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
 
 
@@ -50,8 +58,9 @@ def render(run: RunAnalysis, *, slowest: int = 10, cmp: Comparison | None = None
     if run.requests:
         out.append(_comparison(cmp))
         overall = cmp.overall
-        if overall is not None and overall.delta:
-            out.append(_delta(cmp, overall))
+        for g in ([overall] if overall is not None else []) + cmp.by_load():
+            if g.account is not None:
+                out.append(_delta(cmp, g))
         out.append(_phases(cmp))
         out.append(_slowest(run, slowest))
         problems = _problems(run)
@@ -159,13 +168,45 @@ def _comparison(cmp: Comparison) -> str:
 
 
 def _delta(cmp: Comparison, g: ComparisonGroup) -> str:
-    rows = [[d.phase, d.a_ms, d.b_ms, d.delta_ms] for d in g.delta if abs(d.delta_ms) >= 0.005]
-    total = g.ttft_mean_delta_ms
-    rows.append(["= mean TTFT", None, None, total])
-    h = ["phase (critical path)", f"{cmp.a} mean ms", f"{cmp.b} mean ms", f"{cmp.b} - {cmp.a} ms"]
-    return _section(
-        f"Where the TTFT difference goes (all requests; {cmp.b} - {cmp.a})", table(h, rows)
+    """The TTFT difference a - b of one group, phase by phase (means add up; p50s are
+    beside them), with `unattributed` always shown and the sentence explaining it."""
+    acc = g.account
+    assert acc is not None
+    a, b = cmp.a, cmp.b
+    rows: list[list[Any]] = [
+        [r.phase, r.a_mean_ms, r.b_mean_ms, r.mean_delta_ms, r.a_p50_ms, r.b_p50_ms, r.p50_delta_ms]
+        for r in acc.rows
+        if r.phase == ph.UNATTRIBUTED
+        or abs(r.mean_delta_ms) >= 0.005
+        or abs(r.p50_delta_ms or 0.0) >= 0.005
+    ]
+    ta, tb = g.ttft.get(a) or {}, g.ttft.get(b) or {}
+    rows.append(
+        [
+            "= TTFT",
+            ta.get("mean"),
+            tb.get("mean"),
+            acc.ttft_mean_delta_ms,
+            ta.get("p50"),
+            tb.get("p50"),
+            acc.ttft_p50_delta_ms,
+        ]
     )
+    rows.append(
+        ["(p50s do not add: remainder)", None, None, None, None, None, acc.p50_remainder_ms]
+    )
+    h = [
+        "phase (critical path)",
+        f"{a} mean",
+        f"{b} mean",
+        f"{a} - {b} mean",
+        f"{a} p50",
+        f"{b} p50",
+        f"{a} - {b} p50",
+    ]
+    n = f"n {a} {g.n.get(a, 0)}, {b} {g.n.get(b, 0)}"
+    title = f"Where the TTFT difference goes ({describe_group(g)}; {a} - {b}, ms; {n})"
+    return _section(title, explain_delta(g, a, b) + "\n" + table(h, rows))
 
 
 def _phases(cmp: Comparison) -> str:

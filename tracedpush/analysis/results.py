@@ -8,7 +8,7 @@ from typing import Any
 
 from tracedpush.analysis.model import ClockOffset, LoadStats, Segment, SpanView
 
-JSON_VERSION = 1  # bump when docs/report.md's JSON format changes incompatibly
+JSON_VERSION = 2  # bump when docs/report.md's JSON format changes incompatibly
 
 
 @dataclass(slots=True)
@@ -42,6 +42,10 @@ class RequestAnalysis:
     error: str | None = None  # error.type / status message of the first failed span
     lanes: list[str] = field(default_factory=list)  # lane names in display order
     ttft_attr_ms: float | None = None  # the proxy's own tracedpush.ttft_ms attribute
+    # every phase each engine measured, on its own clock, on the critical path or not:
+    # {"prefill": {phase: ms}, "decode": {phase: ms}} (critical_path.engine_phases)
+    engine_phases_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    prefill_steps: int | None = None  # engine steps that computed the prefill (on P)
 
     def phase_ms(self) -> dict[str, float]:
         """Critical-path milliseconds per phase (a phase can occur more than once)."""
@@ -90,6 +94,11 @@ class RequestAnalysis:
             "rendezvous_first": self.rendezvous_first,
             "critical_path": [s.to_json() for s in self.critical_path],
             "hidden": [s.to_json() for s in self.hidden],
+            "engine_phases_ms": {
+                role: {p: round(v, 4) for p, v in d.items()}
+                for role, d in self.engine_phases_ms.items()
+            },
+            "prefill_steps": self.prefill_steps,
         }
         if spans:
             out["spans"] = [s.to_json() for s in self.spans]
@@ -145,6 +154,24 @@ class RunAnalysis:
             r for r in self.requests if r.ttft_ms is not None and (mode is None or r.mode == mode)
         ]
         return sorted(rs, key=lambda r: r.ttft_ms or 0.0, reverse=True)[:n]
+
+    def engine_phase_totals(
+        self, *, counts: bool = False
+    ) -> dict[str, dict[str, dict[str, float]]]:
+        """Sum of ``engine_phases_ms`` over every request: {mode: {engine role: {phase:
+        total ms}}} (``counts=True``: how many requests measured each phase). Compare
+        with the growth of each engine's vLLM counters over the run, e.g. P's queue wait
+        with vllm:request_queue_time_seconds_sum, prefill compute with
+        vllm:request_prefill_time_seconds_sum, WRITE / READ with
+        vllm:nixl_xfer_time_seconds_sum."""
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for r in self.requests:
+            per_mode = out.setdefault(r.mode, {})
+            for role, phases in r.engine_phases_ms.items():
+                acc = per_mode.setdefault(role, {})
+                for p, v in phases.items():
+                    acc[p] = acc.get(p, 0) + (1 if counts else v)
+        return out
 
     def table(self) -> list[dict[str, Any]]:
         """One flat row per request: ids, mode, tokens, TTFT/TPOT, start, load, bucket,

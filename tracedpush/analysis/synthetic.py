@@ -38,6 +38,7 @@ DEFAULT_HOSTS = {
 }
 BLOCK_TOKENS = 16
 KV_BYTES_PER_TOKEN = 4096
+PREFILL_CHUNK_TOKENS = 512  # tokens per prefill engine step (tracedpush.prefill.steps)
 
 
 @dataclass(slots=True)
@@ -56,6 +57,9 @@ class SyntheticRequest:
     expected_path: tuple[str, ...]  # phases expected on the critical path, in order
     expected_hidden: tuple[str, ...]  # phases expected to be hidden
     dropped: tuple[str, ...] = ()  # span names removed to simulate loss
+    # engine-local phases the simulation knows exactly: {"prefill"|"decode": {phase: ms}}
+    expected_engine_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    prefill_steps: int = 0
 
 
 @dataclass
@@ -228,6 +232,7 @@ def generate(
     batch: int = 64,
     drop_spans: Mapping[str, float] | None = None,
     registration_late: float = 0.15,
+    http_received: bool = True,
 ) -> SyntheticRun:
     """Simulate `n_requests` split evenly over `modes`, one run per mode, in sequence.
 
@@ -237,6 +242,8 @@ def generate(
     `drop_spans`: span name -> probability that a request loses that span.
     `registration_late`: push: share of requests whose D registration arrives after P
     finished prefill (D admission delayed), so both rendezvous orders occur.
+    `http_received=False`: engines without the HTTP middleware (and traces from before
+    it): no ``http_received`` events, engine spans start at vLLM's arrival time.
     """
     rng = random.Random(seed)
     offsets_ns = {k: round(v * 1e6) for k, v in (clock_offsets_ms or {}).items()}
@@ -263,6 +270,7 @@ def generate(
             "d_work": _Proc(sc.SERVICE_DECODE, DECODE_INSTANCE, host_of[DECODE_INSTANCE], pid0 + 4),
         }
         sim = _Sim(em, rng, mode, procs, drop_spans or {}, registration_late)
+        sim.http_received = http_received
         prompts = _prompt_lengths(rng, n, prompt_tokens)
         t = t0
         for i in range(n):
@@ -292,6 +300,8 @@ class _Sim:
         self.em, self.rng, self.mode, self.p, self.drop = em, rng, mode, procs, drop
         self.registration_late = registration_late
         self.p_free = 0.0  # prefill engine busy until
+        self.w_free = 0.0  # push writer thread busy until
+        self.http_received = True  # emit http_received (the API-server middleware is on)
         self.inflight: list[float] = []  # end times of requests in flight at the proxy
         self.last_end_ms = 0.0
 
@@ -314,33 +324,54 @@ class _Sim:
         local = f"{rid}-{em.new_id(4)}"
 
         # ---- proxy and prefill (both modes)
+        # Every engine leg: network (proxy -> HTTP server), api server (HTTP, tokenization,
+        # IPC; vLLM's arrival_time is stamped after tokenization), queue wait (FIFO).
         pp_start = t + 0.2 + rng.random() * 0.1
-        pre_start = pp_start + self.net()
-        compute_start = max(pre_start + 0.4, self.p_free)
+        p_http = pp_start + self.net()
+        p_api = 0.4 + prompt * 0.0002 + rng.uniform(0.0, 0.3) * load
+        p_arrival = p_http + 0.6 * p_api
+        p_sched = p_http + p_api
+        compute_start = max(p_sched + rng.uniform(0.05, 0.3), self.p_free)  # FIFO queue
         compute = 4.0 + prompt * 0.03
+        p_steps = -(-prompt // PREFILL_CHUNK_TOKENS)
         self.p_free = compute_start + compute
         pre_end = self.p_free + 0.2
         pp_end = pre_end + 0.8 + self.net()
+        pre_start = p_http if self.http_received else p_arrival
+        p_step = 4.0 + 1.5 * load  # P's engine step (another request's chunk) under load
 
         rdv_first: str | None = None
+        handoff = writer_q = reg_wait = 0.0
         if mode == "push":
             pd_start = t + 0.25 + rng.random() * 0.1
-            dec_start = pd_start + self.net()
-            admission = rng.uniform(0.2, step)
+            d_http = pd_start + self.net()
+            d_api = 0.3 + prompt * 0.0001 + rng.uniform(0.0, 0.2)
+            d_sched = d_http + d_api
+            alloc = d_sched + rng.uniform(0.2, step)
             if rng.random() < self.registration_late:
-                admission += pre_end - dec_start + rng.uniform(1.0, 10.0)
-            reg_start = dec_start + max(admission, 0.2)
+                alloc = max(alloc, pre_end + rng.uniform(1.0, 10.0))
+            reg_start = alloc
             reg_end = reg_start + 0.3 + (10.0 if first else 0.0) + blocks * 0.001
             reg_arrival = reg_end + 0.2 + rng.uniform(0.0, 0.3)
-            done_worker = pre_end + rng.uniform(0.1, 0.6)
-            rdv_first = "registration" if reg_arrival <= done_worker else "prefill"
-            rdv_start, rdv_end = sorted((reg_arrival, done_worker))
+            fin = pre_end  # P's scheduler finished it (prefill_finished)
+            # P's worker takes the finished blocks up at its next step, after its forward
+            handed = fin + rng.uniform(0.05, p_step)
+            ready = max(fin, reg_arrival)
+            handoff = max(handed - ready, 0.0)
+            # the writer starts it once it has both, after the requests queued before it
+            w_ready = max(handed, ready)
+            rdv_end = max(w_ready, self.w_free) + rng.uniform(0.05, 0.3)
+            writer_q = rdv_end - w_ready
+            reg_wait = max(reg_arrival - fin, 0.0)
+            rdv_first = "registration" if reg_arrival <= fin else "prefill"
+            rdv_start = min(reg_arrival, fin)
             hs = (rdv_end + 0.05, rdv_end + 12.0) if first else None
             dp_start = (hs[1] if hs else rdv_end) + 0.05 + rng.uniform(0.0, 0.1)
             dp_end = dp_start + 0.15 + blocks * 0.002
             w_start = dp_end + 0.05
             poll_lag = rng.uniform(0.0, step)
             w_end = w_start + xfer + poll_lag
+            self.w_free = w_start  # the writer posts and moves on
             landed = w_start + xfer
             nt_start = landed + 0.1 + rng.uniform(0.0, step)
             nt_end = nt_start
@@ -349,10 +380,14 @@ class _Sim:
             relay_start = pp_end + 0.05
             relay_end = relay_start + 0.1 + rng.uniform(0.0, 0.1)
             pd_start = relay_end
-            dec_start = pd_start + self.net()
-            load_start = dec_start + rng.uniform(0.2, step)
+            d_http = pd_start + self.net()
+            d_api = 0.3 + prompt * 0.0001 + rng.uniform(0.0, 0.2)
+            d_sched = d_http + d_api
+            alloc = d_sched + rng.uniform(0.1, 1.0)
+            load_start = alloc + rng.uniform(0.2, step)  # D's worker, at its next step
             hs = (load_start + 0.05, load_start + 15.0) if first else None
             dp_start = (hs[1] if hs else load_start) + 0.05
+            handoff = dp_start - alloc - (hs[1] - hs[0] if hs else 0.0)
             dp_end = dp_start + 0.3 + blocks * 0.02 * (1 + 0.2 * load)
             r_start = dp_end + 0.05
             poll_lag = rng.uniform(0.0, step)
@@ -360,6 +395,7 @@ class _Sim:
             nt_start = r_start + xfer + 0.1 + rng.uniform(0.0, 5.0)
             nt_end = nt_start
             kv_done = r_end
+        dec_start = d_http if self.http_received else d_http + 0.6 * d_api
 
         dec_end = kv_done + rng.uniform(0.1, step)
         pd_ft = dec_end + step + 0.3 + self.net()
@@ -439,13 +475,24 @@ class _Sim:
             {**leg, sc.ENGINE_ID: PREFILL_INSTANCE, sc.UPSTREAM_URL: "http://p-host:8100"},
             kind=3,
         )
+        http_ev = [(sc.EVENT_HTTP_RECEIVED, p_http)] if self.http_received else []
         pre = emit(
             "p_sched",
             ppid,
             sc.SPAN_PREFILL,
             pre_start,
             pre_end,
-            {**eng_p, sc.THREAD: "scheduler", sc.PROMPT_TOKENS: prompt},
+            {
+                **eng_p,
+                sc.THREAD: "scheduler",
+                sc.PROMPT_TOKENS: prompt,
+                sc.PREFILL_STEPS: p_steps,
+            },
+            events=[
+                *http_ev,
+                (sc.EVENT_SCHEDULER_RECEIVED, p_sched),
+                (sc.EVENT_COMPUTE_STARTED, compute_start),
+            ],
         )
         w = {sc.TP_RANK: 0}
         if mode == "pull":
@@ -479,6 +526,11 @@ class _Sim:
                 sc.PROMPT_TOKENS: prompt,
                 sc.DECODE_END: "first_token_scheduled",
             },
+            events=[
+                *([(sc.EVENT_HTTP_RECEIVED, d_http)] if self.http_received else []),
+                (sc.EVENT_SCHEDULER_RECEIVED, d_sched),
+                (sc.EVENT_BLOCKS_ALLOCATED, alloc),
+            ],
         )
         if mode == "push":
             emit(
@@ -502,6 +554,14 @@ class _Sim:
                     sc.THREAD: "push_writer",
                     sc.RENDEZVOUS_FIRST: rdv_first,
                 },
+                events=sorted(
+                    [
+                        (sc.EVENT_REGISTRATION_ARRIVED, reg_arrival),
+                        (sc.EVENT_PREFILL_FINISHED, fin),
+                        (sc.EVENT_HANDED_TO_WRITER, handed),
+                    ],
+                    key=lambda e: e[1],
+                ),
             )
             if hs:
                 emit(
@@ -543,22 +603,20 @@ class _Sim:
                     sc.NOTIFY_RECEIVED: 1,
                 },
             )
-            if rdv_first == "registration":
-                path = [ph.PROXY, ph.NETWORK, ph.PREFILL, ph.RENDEZVOUS_WAIT]
+            p_leg = [ph.PROXY, ph.NETWORK, ph.API_SERVER, ph.QUEUE_WAIT]
+            p_parts = [ph.API_SERVER, ph.QUEUE_WAIT, ph.PREFILL_COMPUTE]
+            if rdv_first == "registration":  # prefill came second: P's leg is on the path
+                path = [*p_leg, ph.PREFILL_COMPUTE]
                 hidden = [ph.REGISTRATION]
             else:
-                path = [
-                    ph.PROXY,
-                    ph.NETWORK,
-                    ph.DECODE_ADMISSION,
-                    ph.REGISTRATION,
-                    ph.REGISTRATION_WAIT,
-                    ph.RENDEZVOUS_WAIT,
-                ]
-                hidden = [ph.PREFILL]
+                path = [*p_leg, ph.REGISTRATION, ph.REGISTRATION_DELIVERY]
+                hidden = [*p_parts, ph.REGISTRATION_WAIT]
+            if handoff > 0:
+                path.append(ph.STEP_HANDOFF)
+            path += [ph.WRITER_QUEUE, ph.DESC_PREP]
             if hs:
-                path += [ph.HANDSHAKE, ph.RENDEZVOUS_WAIT]
-            path += [ph.DESC_PREP, ph.WRITE, ph.NOTIFICATION, ph.DECODE_SCHEDULING]
+                path += [ph.HANDSHAKE, ph.DESC_PREP]
+            path += [ph.WRITE, ph.NOTIFICATION, ph.DECODE_SCHEDULING]
             hidden.append(ph.POLL_LAG)
         else:
             if hs:
@@ -601,21 +659,35 @@ class _Sim:
                     sc.NOTIFY_RECEIVED: 1,
                 },
             )
-            path = [
-                ph.PROXY,
-                ph.NETWORK,
-                ph.PREFILL,
-                ph.NETWORK,
-                ph.PROXY,
-                ph.RELAY,
-                ph.NETWORK,
-                ph.DECODE_ADMISSION,
-            ]
+            leg = [ph.NETWORK, ph.API_SERVER, ph.QUEUE_WAIT]
+            path = [ph.PROXY, *leg, ph.PREFILL_COMPUTE, ph.RESPONSE, ph.PROXY, ph.RELAY]
+            path += [*leg, ph.STEP_HANDOFF]
             if hs:
-                path += [ph.HANDSHAKE, ph.DECODE_ADMISSION]
+                path += [ph.HANDSHAKE, ph.STEP_HANDOFF]
             path += [ph.DESC_PREP, ph.READ, ph.POLL_LAG, ph.DECODE_SCHEDULING]
             hidden = [sc.SPAN_KV_NOTIFY]
         path += [ph.FIRST_DECODE_STEP, ph.PROXY]
+        truth = {
+            "prefill": {
+                ph.QUEUE_WAIT: compute_start - p_sched,
+                ph.PREFILL_COMPUTE: pre_end - compute_start,
+            },
+            "decode": {ph.QUEUE_WAIT: alloc - d_sched},
+        }
+        if self.http_received:
+            truth["prefill"][ph.API_SERVER] = p_sched - p_http
+            truth["decode"][ph.API_SERVER] = d_sched - d_http
+        if mode == "push":
+            truth["prefill"].update(
+                {
+                    ph.WRITE: round(xfer * 1000) / 1000,
+                    ph.STEP_HANDOFF: handoff,
+                    ph.WRITER_QUEUE: writer_q,
+                    ph.REGISTRATION_WAIT: reg_wait,
+                }
+            )
+        else:
+            truth["decode"].update({ph.READ: round(xfer * 1000) / 1000, ph.STEP_HANDOFF: handoff})
         return SyntheticRequest(
             trace_id=trace_id,
             request_id=rid,
@@ -629,6 +701,8 @@ class _Sim:
             expected_path=tuple(path),
             expected_hidden=tuple(hidden),
             dropped=tuple(sorted(drop)),
+            expected_engine_ms=truth,
+            prefill_steps=p_steps,
         )
 
 

@@ -71,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--modes",
         type=lambda s: s.split(","),
         default=",".join(MODES),
-        help="modes to run, in order",
+        help="modes to run, in order; a mode may repeat (push,pull,pull,push is an ABBA "
+        "run: each pass gets fresh engines, and a mode's passes are pooled)",
     )
     parser.add_argument("--no-trace", action="store_true", help="use vLLM's untraced connectors")
     parser.add_argument(
@@ -97,12 +98,19 @@ def _progress(mode: str, conc: int):
 
 
 def run_mode(
-    mode: str, args: argparse.Namespace, model: Path, run_dir: Path, trace: bool, prompts
+    mode: str,
+    args: argparse.Namespace,
+    model: Path,
+    run_dir: Path,
+    trace: bool,
+    prompts,
+    tag: str = "",
 ) -> dict[str, Any]:
+    """One pass of `mode` on fresh engines; `tag` names its log dir (default: the mode)."""
     config = DeploymentConfig(
         mode=mode,  # type: ignore[arg-type]
         model=model,
-        run_dir=run_dir / mode,
+        run_dir=run_dir / (tag or mode),
         traces_dir=run_dir / "traces" / mode,
         trace=trace,
         proxy_port=args.port,
@@ -145,6 +153,20 @@ def run_mode(
         "traces_dir": str(deployment.traces_dir) if trace else None,
         "warmup": [r.to_dict() for r in warmup],
         "results": results,
+    }
+
+
+def _pool(pooled: dict[str, Any] | None, one: dict[str, Any]) -> dict[str, Any]:
+    """A mode's passes (ABBA) as one: results appended, each pass kept under "passes"."""
+    summary = {k: v for k, v in one.items() if k != "results"}
+    if pooled is None:
+        return {**one, "passes": [summary]}
+    return {
+        **pooled,
+        "seconds": pooled["seconds"] + one["seconds"],
+        "warmup": pooled["warmup"] + one["warmup"],
+        "results": pooled["results"] + one["results"],
+        "passes": [*pooled["passes"], summary],
     }
 
 
@@ -258,13 +280,16 @@ def run(args: argparse.Namespace) -> int:
     results_path = run_dir / "results.json"
     # One lock for both modes, so no other engine run slips in between push and pull.
     with EnginesLock(on_wait=_say):
-        for mode in args.modes:
+        for i, mode in enumerate(args.modes):
+            passes = args.modes[:i].count(mode)
+            tag = mode if passes == 0 else f"{mode}-{passes + 1}"
             try:
-                runs[mode] = run_mode(mode, args, model, run_dir, trace, prompts)
+                one = run_mode(mode, args, model, run_dir, trace, prompts, tag)
             except LaunchError as e:
                 print(f"tracedpush demo: {mode} mode failed to start: {e}", file=sys.stderr)
                 return 1
-            _say(f"{mode} done in {runs[mode]['seconds']:.0f}s")
+            _say(f"{tag} done in {one['seconds']:.0f}s")
+            runs[mode] = _pool(runs.get(mode), one)
             # Written after each mode, so an interrupted demo keeps what it measured.
             text = table(runs, args.lengths, args.concurrency)
             out = _results(args, model, trace, runs, time.monotonic() - t0, text)

@@ -22,6 +22,7 @@ _KEYS = {
     "service_name": str,
     "stale_after_s": (int, float),
     "interval_ms": (int, float),
+    "sample_threads": bool,
 }
 
 
@@ -32,6 +33,7 @@ class TracedConfig:
     service_name: str | None = None
     stale_after_s: float = 120.0
     interval_ms: float = 50.0
+    sample_threads: bool = True  # engine.threads: /proc CPU per thread, once a second
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> TracedConfig:
@@ -53,6 +55,7 @@ class TracedConfig:
             service_name=raw.get("service_name"),
             stale_after_s=float(raw.get("stale_after_s", cls.stale_after_s)),
             interval_ms=float(raw.get("interval_ms", cls.interval_ms)),
+            sample_threads=bool(raw.get("sample_threads", cls.sample_threads)),
         )
 
     def service_for(self, role: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from time import time_ns
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
@@ -24,28 +23,23 @@ class NixlPullConnector(TracedConnectorMixin, _UpstreamPull):
 
     _TRACEDPUSH_MODE = "pull"
 
-    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+    def _tp_on_load(self, metadata: Any, now: int) -> None:
+        reqs = metadata.reqs_to_recv
+        if not reqs:
+            return
         record = self._tp_record
-        if record is not None:
-            try:
-                reqs = self._connector_metadata.reqs_to_recv
-                if reqs:
-                    now = time_ns()
-                    for req_id, meta in reqs.items():
-                        remote = meta.remote
-                        record(
-                            (
-                                ev.W_LOAD_START,
-                                now,
-                                req_id,
-                                remote.engine_id if remote else "",
-                                remote.request_id if remote else "",
-                                sum(len(g) for g in meta.local_block_ids),
-                            )
-                        )
-            except Exception:
-                pass
-        super().start_load_kv(forward_context, **kwargs)
+        for req_id, meta in reqs.items():
+            remote = meta.remote
+            record(
+                ev.LoadStart(
+                    now,
+                    req_id,
+                    remote.engine_id if remote else "",
+                    remote.request_id if remote else "",
+                    sum(len(g) for g in meta.local_block_ids),
+                )
+            )
+        self._tp_loads[0] += len(reqs)
 
 
 # vLLM's historical name for the pull connector.

@@ -31,6 +31,13 @@ class NixlPushConnector(TracedConnectorMixin, _UpstreamPush):
             version.check_seams(worker, version.PUSH_WORKER_SEAMS, type(worker).__name__)
             _wrap_push_start(worker, self._tp_record)
 
+    def _tp_on_load(self, metadata: Any, now: int) -> None:
+        """P: finished blocks go to the writer's inbox now (after this step's forward)."""
+        finished = metadata.push_finished_blocks
+        if finished:
+            self._tp_record(ev.Handoff(now, tuple(finished)))
+        self._tp_loads[0] += len(finished or ()) + len(metadata.reqs_to_recv or ())
+
 
 def _wrap_push_start(worker: Any, record) -> None:
     """Observe `_do_start_push_kv`: P's writer thread matched a registration (rendezvous)."""
@@ -44,8 +51,7 @@ def _wrap_push_start(worker: Any, record) -> None:
                 else len(local_block_ids or ())
             )
             record(
-                (
-                    ev.W_PUSH_START,
+                ev.PushStart(
                     time_ns(),
                     request_id,
                     registration_data.get("request_id", ""),

@@ -53,6 +53,12 @@ class TracedConnectorMixin:
         self._tp_record = None
         self._tp_outbox: list[tuple] = []
         self._tp_await_sched: set[str] = set()
+        self._tp_seq = 0  # scheduler: engine steps scheduled
+        # worker: the step in progress (bind -> clear), its connector time per call
+        self._tp_step_t0 = 0
+        self._tp_step_seq = -1
+        self._tp_ns = [0, 0, 0, 0, 0]  # bind, start_load, wait_save, results, other
+        self._tp_loads = [0, 0]  # started, finished
         ktc = vllm_config.kv_transfer_config
         config = TracedConfig.from_extra_config(ktc.kv_connector_extra_config)
         self._tp_role = _role_for(ktc.kv_role)
@@ -97,7 +103,11 @@ class TracedConnectorMixin:
             stale_after_s=config.stale_after_s,
         )
         self._tp_pipeline = Pipeline(
-            builder_config, resource, sink, interval_s=config.interval_ms / 1000
+            builder_config,
+            resource,
+            sink,
+            interval_s=config.interval_ms / 1000,
+            sample_threads=config.sample_threads,
         )
         record = self._tp_record = self._tp_pipeline.record
         if worker is not None:
@@ -121,9 +131,9 @@ class TracedConnectorMixin:
             try:
                 result = original(host, port, remote_tp_size, expected_engine_id, *args, **kwargs)
             except Exception as e:
-                record((ev.W_HANDSHAKE, t0, time_ns(), expected_engine_id, repr(e)[:300]))
+                record(ev.Handshake(t0, time_ns(), expected_engine_id, repr(e)[:300]))
                 raise
-            record((ev.W_HANDSHAKE, t0, time_ns(), expected_engine_id, None))
+            record(ev.Handshake(t0, time_ns(), expected_engine_id, None))
             return result
 
         worker._nixl_handshake = _nixl_handshake
@@ -139,13 +149,16 @@ class TracedConnectorMixin:
             try:
                 params = request.kv_transfer_params
                 ctx = params.pop(_KEY, None) if params else None
-                event = (
-                    ev.S_NEW,
+                if not isinstance(ctx, dict):
+                    ctx = {}
+                received = ctx.get(semconv.TRACE_RECEIVED_NS_KEY)
+                event = ev.New(
                     time_ns(),
                     request.request_id,
                     request.arrival_time,
                     request.num_prompt_tokens,
-                    ctx.get("traceparent") if isinstance(ctx, dict) else None,
+                    ctx.get("traceparent"),
+                    received if isinstance(received, int) else 0,
                 )
                 record(event)
                 self._tp_outbox.append(event)
@@ -162,8 +175,7 @@ class TracedConnectorMixin:
             try:
                 params = request.kv_transfer_params
                 if params and params.get("do_remote_prefill"):
-                    event = (
-                        ev.S_ALLOC,
+                    event = ev.Alloc(
                         time_ns(),
                         request.request_id,
                         -(-num_external_tokens // self._tp_block_size),
@@ -181,15 +193,18 @@ class TracedConnectorMixin:
         record = self._tp_record
         if record is not None:
             try:
+                now = time_ns()
+                scheduled = scheduler_output.num_scheduled_tokens
                 waiting = self._tp_await_sched
                 if waiting:
-                    scheduled = scheduler_output.num_scheduled_tokens
                     hits = [rid for rid in waiting if rid in scheduled]
                     if hits:
-                        now = time_ns()
                         for rid in hits:
-                            record((ev.S_SCHEDULED, now, rid))
+                            record(ev.Scheduled(now, rid))
                         waiting.difference_update(hits)
+                self._tp_seq = seq = self._tp_seq + 1
+                record(ev.SchedStep(now, seq, scheduled))
+                meta.tracedpush_step = seq
                 if self._tp_outbox:
                     meta.tracedpush_facts = tuple(self._tp_outbox)
                     self._tp_outbox = []
@@ -202,9 +217,9 @@ class TracedConnectorMixin:
         if record is not None:
             try:
                 if connector_output.finished_recving:
-                    record((ev.S_RECV_DONE, time_ns(), tuple(connector_output.finished_recving)))
+                    record(ev.RecvDone(time_ns(), tuple(connector_output.finished_recving)))
                 if connector_output.finished_sending:
-                    record((ev.S_SEND_DONE, time_ns(), tuple(connector_output.finished_sending)))
+                    record(ev.SendDone(time_ns(), tuple(connector_output.finished_sending)))
             except Exception:
                 pass
         super().update_connector_output(connector_output)  # type: ignore[misc]
@@ -215,7 +230,7 @@ class TracedConnectorMixin:
             return
         try:
             n_blocks = sum(len(group) for group in block_ids) if block_ids else 0
-            event = (ev.S_FINISHED, time_ns(), request.request_id, request.status.name, n_blocks)
+            event = ev.Finished(time_ns(), request.request_id, request.status.name, n_blocks)
             record(event)
             self._tp_outbox.append(event)
             self._tp_await_sched.discard(request.request_id)
@@ -231,30 +246,101 @@ class TracedConnectorMixin:
         return super().request_finished_all_groups(request, block_ids)  # type: ignore[misc]
 
     # ------------------------------------------------------------ worker side
+    # One engine step on the model-runner thread: bind_connector_metadata ... (forward,
+    # start_load_kv, wait_for_save, get_finished / get_transfer_results) ...
+    # clear_connector_metadata. Each hook adds its own duration to the step's counters;
+    # `clear` records the whole step as one `WorkerStep` event.
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        t0 = time_ns()
         super().bind_connector_metadata(connector_metadata)  # type: ignore[misc]
         record = self._tp_record
         if record is not None:
+            self._tp_step_t0 = t0
+            self._tp_step_seq = getattr(connector_metadata, "tracedpush_step", -1)
             facts = getattr(connector_metadata, "tracedpush_facts", None)
             if facts:
-                record((ev.W_FACTS, time_ns(), facts))
+                record(ev.Facts(t0, facts))
+            self._tp_ns[0] += time_ns() - t0
 
-    def _tp_results(self, sending: Any, recving: Any, failed: Any = ()) -> None:
+    def _tp_on_load(self, metadata: Any, now: int) -> None:
+        """Mode-specific events when start_load_kv takes requests (see push.py, pull.py)."""
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        if self._tp_record is None:
+            super().start_load_kv(forward_context, **kwargs)  # type: ignore[misc]
+            return
+        t0 = time_ns()
+        try:
+            self._tp_on_load(self._connector_metadata, t0)  # type: ignore[attr-defined]
+        except Exception:
+            pass
+        super().start_load_kv(forward_context, **kwargs)  # type: ignore[misc]
+        self._tp_ns[1] += time_ns() - t0
+
+    def wait_for_save(self) -> None:
+        t0 = time_ns()
+        super().wait_for_save()  # type: ignore[misc]
+        self._tp_ns[2] += time_ns() - t0
+
+    def get_kv_connector_stats(self) -> Any:
+        t0 = time_ns()
+        stats = super().get_kv_connector_stats()  # type: ignore[misc]
+        self._tp_ns[4] += time_ns() - t0
+        return stats
+
+    def clear_connector_metadata(self) -> None:
+        t0 = time_ns()
+        super().clear_connector_metadata()  # type: ignore[misc]
         record = self._tp_record
-        if record is not None and (sending or recving or failed):
+        if record is not None and self._tp_step_t0:
+            t1 = time_ns()
+            ns = self._tp_ns
+            loads = self._tp_loads
             try:
-                record((ev.W_RESULTS, time_ns(), tuple(sending), tuple(recving), tuple(failed)))
+                record(
+                    ev.WorkerStep(
+                        self._tp_step_t0,
+                        t1,
+                        self._tp_step_seq,
+                        ns[0],
+                        ns[1],
+                        ns[2],
+                        ns[3],
+                        ns[4] + t1 - t0,
+                        loads[0],
+                        loads[1],
+                    )
+                )
             except Exception:
                 pass
+            self._tp_step_t0 = 0
+            ns[0] = ns[1] = ns[2] = ns[3] = ns[4] = 0
+            loads[0] = loads[1] = 0
+
+    def _tp_results(self, t0: int, sending: Any, recving: Any, failed: Any = ()) -> None:
+        record = self._tp_record
+        if record is None:
+            return
+        if sending or recving or failed:
+            try:
+                record(ev.Results(t0, tuple(sending), tuple(recving), tuple(failed)))
+                self._tp_loads[1] += len(sending) + len(recving) + len(failed)
+            except Exception:
+                pass
+        self._tp_ns[3] += time_ns() - t0
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
+        t0 = time_ns()
         sending, recving = super().get_finished(finished_req_ids)  # type: ignore[misc]
-        self._tp_results(sending or (), recving or ())
+        self._tp_results(t0, sending or (), recving or ())
         return sending, recving
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        t0 = time_ns()
         results = super().get_transfer_results(finished_req_ids)  # type: ignore[misc]
-        self._tp_results(results.finished_sending, results.finished_recving, results.failed_recving)
+        self._tp_results(
+            t0, results.finished_sending, results.finished_recving, results.failed_recving
+        )
         return results
 
     def shutdown(self) -> None:

@@ -23,7 +23,8 @@ def _env_int(name: str, default: int) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Launch a local P/D deployment: vLLM prefill engine(s) and decode engine(s), each "
-        "pinned to its own CPU core with its own NIXL side-channel port, then the "
+        "pinned (its whole process tree) to its own CPU core, with its own NIXL "
+        "side-channel port, then the "
         "tracedpush proxy in front of them. Runs until Ctrl-C or SIGTERM, then stops "
         "every process it started and checks that no port stays bound."
     )

@@ -6,8 +6,9 @@ benchmarks share, so all of them run the exact same processes::
     with Deployment(DeploymentConfig(mode="push", run_dir=Path("runs/x"))) as d:
         requests.post(d.proxy_url + "/v1/completions", ...)
 
-Entering starts the engines in parallel (each pinned to its own core), waits until they
-are healthy, then starts the proxy with P's NIXL coordinates. Leaving stops everything and
+Entering starts the engines in parallel (each engine's whole process tree pinned to its own
+cores, as if on its own host: tracedpush.launcher.affinity), waits until they are healthy,
+then starts the proxy (not pinned) with P's NIXL coordinates. Leaving stops everything and
 records a TeardownReport (leftover processes, ports still bound) in ``.teardown``.
 """
 
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tracedpush.launcher import servers
+from tracedpush.launcher.affinity import CORES_ENV, engine_cores
 from tracedpush.launcher.processes import (
     EnginesLock,
     LaunchError,
@@ -269,56 +271,75 @@ class Deployment:
         )
         engines: list[ManagedProcess] = []
         for e in self.engines:
-            argv = servers.engine_argv(
-                c.mode,
-                e,
-                self.model,
-                self.model_name,
-                c.max_model_len,
-                c.trace,
-                self.traces_dir if c.trace else None,
-                c.engine_args,
-                kv_extra_config=c.kv_extra_config,
-            )
-            proc = ManagedProcess(
-                e.name,
-                argv,
-                self.logs[e.name],
-                ports=(e.port, e.side_channel_port),
-                health_url=f"{e.url}/health",
-            )
-            proc.start({**servers.engine_env(e), **c.env}, cwd=self.run_dir)
+            proc, env = self.engine_process(e)
+            proc.start(env, cwd=self.run_dir)
             self.processes.append(proc)
             engines.append(proc)
             self.log(
-                f"{e.name}: pid {proc.pid}, {e.url}, core {e.cpus}, "
+                f"{e.name}: pid {proc.pid}, {e.url}, {_cores_note(proc, env)}, "
                 f"NIXL side channel {e.host}:{e.side_channel_port}, log {proc.log_path}"
             )
         wait_healthy(engines, c.startup_timeout, self._progress(t0))
         self.log(f"engines healthy after {time.monotonic() - t0:.0f}s")
         if c.start_proxy:
-            argv = servers.proxy_argv(
-                c.mode,
-                self.prefills,
-                self.decodes,
-                c.host,
-                c.proxy_port,
-                self.traces_dir if c.trace else None,
-                c.proxy_args,
-            )
-            proxy = ManagedProcess(
-                "proxy",
-                argv,
-                self.logs["proxy"],
-                ports=(c.proxy_port,),
-                health_url=f"{self.proxy_url}/health",
-            )
-            proxy.start({**servers.common_env(), **c.env}, cwd=self.run_dir)
+            proxy, env = self.proxy_process()
+            proxy.start(env, cwd=self.run_dir)
             self.processes.append(proxy)
             self.log(f"proxy: pid {proxy.pid}, {self.proxy_url}, log {proxy.log_path}")
             wait_healthy([proxy], 60.0, self._progress(t0))
         self.startup_seconds = time.monotonic() - t0
         self.log(f"ready after {self.startup_seconds:.0f}s")
+
+    def engine_process(self, e: EngineSpec) -> tuple[ManagedProcess, dict[str, str]]:
+        """The (not yet started) server of engine ``e`` and its environment.
+
+        Its ``cpus`` pin the engine's whole process tree to the cores of its
+        ``VLLM_CPU_OMP_THREADS_BIND`` (``e.cpus`` unless ``config.env`` overrides it), or
+        nothing with ``TRACEDPUSH_PIN_ENGINE_TREE=0`` (see tracedpush.launcher.affinity).
+        """
+        c = self.config
+        argv = servers.engine_argv(
+            c.mode,
+            e,
+            self.model,
+            self.model_name,
+            c.max_model_len,
+            c.trace,
+            self.traces_dir if c.trace else None,
+            c.engine_args,
+            kv_extra_config=c.kv_extra_config,
+        )
+        env = {**servers.engine_env(e), **c.env}
+        proc = ManagedProcess(
+            e.name,
+            argv,
+            self.logs[e.name],
+            ports=(e.port, e.side_channel_port),
+            health_url=f"{e.url}/health",
+            cpus=engine_cores(env),
+        )
+        return proc, env
+
+    def proxy_process(self) -> tuple[ManagedProcess, dict[str, str]]:
+        """The (not yet started) proxy and its environment; not pinned to any core."""
+        c = self.config
+        argv = servers.proxy_argv(
+            c.mode,
+            self.prefills,
+            self.decodes,
+            c.host,
+            c.proxy_port,
+            self.traces_dir if c.trace else None,
+            c.proxy_args,
+        )
+        proxy = ManagedProcess(
+            "proxy",
+            argv,
+            self.logs["proxy"],
+            ports=(c.proxy_port,),
+            health_url=f"{self.proxy_url}/health",
+        )
+        return proxy, {**servers.common_env(), **c.env}
 
     def _progress(self, t0: float) -> Callable[[float, list[str]], None]:
         last = [0.0]
@@ -374,6 +395,15 @@ class Deployment:
                 self._lock.release()
                 self._locked = False
             _unblock_signals(blocked)
+
+
+def _cores_note(proc: ManagedProcess, env: dict[str, str]) -> str:
+    """What `up` prints about an engine's cores."""
+    if proc.cpus:
+        cores = ",".join(map(str, proc.cpus))
+        return f"core{'s' if len(proc.cpus) > 1 else ''} {cores} (whole process tree)"
+    bind = env.get(CORES_ENV, "")
+    return f"core {bind} (OpenMP threads only)" if bind else "cores not pinned"
 
 
 def _block_signals() -> bool:

@@ -3,8 +3,10 @@
 Each server runs in its own session (``start_new_session``) so one ``killpg`` reaches
 the server and every helper process it forks (vLLM's EngineCore and worker processes).
 ``PR_SET_PDEATHSIG`` is set in each child as a backstop: if the launcher dies without
-tearing down (even SIGKILL), the kernel sends the child SIGTERM. Teardown then checks
-what really happened: no process left in any session we created, no port still bound.
+tearing down (even SIGKILL), the kernel sends the child SIGTERM. A server given ``cpus``
+gets that CPU affinity before exec, so its whole process tree inherits it. Teardown then
+checks what really happened: no process left in any session we created, no port still
+bound.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import functools
 import os
 import signal
 import socket
@@ -161,12 +164,18 @@ class EnginesLock:
 # -------------------------------------------------------------------------- children
 
 
-def _child_setup() -> None:  # runs in the child between fork and exec
+def _child_setup(cpus: tuple[int, ...] = ()) -> None:  # in the child between fork and exec
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     # If the launcher already died between fork and prctl, nobody will signal us.
     if os.getppid() == 1:
         os._exit(1)
+    if cpus:
+        # Before exec, while the child has a single thread: the server and every process
+        # and thread it creates inherit the mask. A failure cannot be reported from here;
+        # vllm_entry re-applies the mask and logs why it cannot.
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, cpus)
 
 
 def tail(path: Path, lines: int = 40) -> str:
@@ -190,6 +199,7 @@ class ManagedProcess:
     log_path: Path
     ports: tuple[int, ...] = ()
     health_url: str | None = None
+    cpus: tuple[int, ...] = ()  # CPU affinity of the server and all it starts; () = inherit
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -212,7 +222,7 @@ class ManagedProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_child_setup,
+                preexec_fn=functools.partial(_child_setup, tuple(self.cpus)),
             )
 
     def failure(self, why: str) -> LaunchError:

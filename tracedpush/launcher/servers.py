@@ -40,7 +40,7 @@ class EngineSpec:
     host: str
     port: int  # OpenAI HTTP port
     side_channel_port: int  # NIXL handshake (ZMQ) port
-    cpus: str  # VLLM_CPU_OMP_THREADS_BIND value, e.g. "0"
+    cpus: str  # VLLM_CPU_OMP_THREADS_BIND value, e.g. "0"; also the whole tree's affinity
 
     @property
     def name(self) -> str:
@@ -94,6 +94,9 @@ def kv_transfer_config(
     return config
 
 
+RECEIPT_MIDDLEWARE = "tracedpush.connector.http.ReceiptMiddleware"
+
+
 def engine_argv(
     mode: Mode,
     spec: EngineSpec,
@@ -129,6 +132,8 @@ def engine_argv(
             kv_transfer_config(mode, spec, trace, traces_dir, kv_extra_config),
             separators=(",", ":"),
         ),
+        # the moment each engine's HTTP server had a request (`http_received` on spans)
+        *(("--middleware", RECEIPT_MIDDLEWARE) if trace else ()),
         *extra_args,
     ]
 

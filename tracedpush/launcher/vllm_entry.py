@@ -1,32 +1,60 @@
-"""vLLM's OpenAI server, with the NIXL worker kept on the engine's own CPU core.
+"""vLLM's OpenAI server, with the whole engine (and its NIXL worker) on the engine's cores.
 
-On the CPU platform vLLM's NIXL worker moves its main thread to "the last core of each
-NUMA node" (``discover_numa_topology``), meant as a core reserved for KV transfer beside
-the OpenMP compute cores. With one core per engine (``VLLM_CPU_OMP_THREADS_BIND=0`` for
-P, ``=1`` for D) the main thread *is* the compute thread, so on a 2-core machine both
-engines' model runners end up on core 1 and core 0 idles. Here the reserved core is the
-engine's own core instead.
+Two corrections for a local deployment that emulates separate hosts:
+
+1. Whole-tree pinning (``tracedpush.launcher.affinity``). At import, before vLLM is
+   imported, every thread of this process is pinned to the engine's cores
+   (``VLLM_CPU_OMP_THREADS_BIND``); processes and threads created later inherit that.
+   The launcher already sets it between fork and exec; re-applying it here makes it hold
+   for every process that runs this module, whoever started it. Without it vLLM binds
+   only the OpenMP compute threads, and the API server, EngineCore and NIXL threads of
+   one engine run on the other engine's core. ``TRACEDPUSH_PIN_ENGINE_TREE=0`` turns it
+   off.
+2. The NIXL worker's core. On the CPU platform vLLM's NIXL worker moves its main thread
+   to "the last core of each NUMA node" (``discover_numa_topology``), meant as a core
+   reserved for KV transfer beside the OpenMP compute cores. With one core per engine
+   (``VLLM_CPU_OMP_THREADS_BIND=0`` for P, ``=1`` for D) the main thread *is* the compute
+   thread, so on a 2-core machine both engines' model runners end up on core 1 and core
+   0 idles. Here the reserved core is the engine's own core instead. Where vLLM has no
+   such platform method, nothing is patched; ``TRACEDPUSH_PIN_KV_THREAD=0`` turns it off.
 
 Runs as ``python -m tracedpush.launcher.vllm_entry <api_server args>`` (the same arguments
 as ``python -m vllm.entrypoints.openai.api_server``). This module stays ``__main__``, so
 vLLM's spawned EngineCore and Worker processes re-import it as ``__mp_main__`` and run the
-module-level patch too. Where vLLM has no such platform method, nothing is patched;
-``TRACEDPUSH_PIN_KV_THREAD=0`` turns the patch off.
+module-level code too.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+
+from tracedpush.launcher.affinity import engine_cores, parse_cpus, pin_all_threads
 
 
 def _own_cores() -> list[int]:
-    mask = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")
-    cores: list[int] = []
-    for part in mask.replace("|", ",").split(","):
-        lo, _, hi = part.strip().partition("-")
-        if lo.isdigit() and (not hi or hi.isdigit()):
-            cores.extend(range(int(lo), int(hi or lo) + 1))
-    return cores
+    return list(parse_cpus(os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")))
+
+
+def pin_engine_tree() -> list[int]:
+    """Pin every thread of this process to the engine's cores; return the cores ([] if not).
+
+    A failure (a core outside this machine's or container's cpuset) is reported on stderr,
+    i.e. in the engine's log, and the engine runs unpinned.
+    """
+    cores = engine_cores()
+    if not cores:
+        return []
+    try:
+        pin_all_threads(cores)
+    except OSError as e:
+        print(
+            f"[tracedpush] cannot pin pid {os.getpid()} to cores {list(cores)}: {e}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return []
+    return list(cores)
 
 
 def keep_kv_thread_on_own_core() -> bool:
@@ -44,6 +72,8 @@ def keep_kv_thread_on_own_core() -> bool:
     platform.discover_numa_topology = classmethod(lambda cls: [cores])
     return True
 
+
+pin_engine_tree()  # first, before vLLM (and torch) start any thread
 
 if os.environ.get("TRACEDPUSH_PIN_KV_THREAD", "1") != "0":
     keep_kv_thread_on_own_core()

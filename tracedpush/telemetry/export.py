@@ -31,6 +31,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from tracedpush import __version__, semconv
 from tracedpush.telemetry.jsonl import JsonLinesSpanExporter
+from tracedpush.telemetry.threads import name_os_thread
 
 log = logging.getLogger("tracedpush.export")
 
@@ -86,6 +87,7 @@ class ExportWorker:
         self._wake.set()
 
     def _run(self) -> None:
+        name_os_thread(f"tracedpush-x-{self.name}")
         while True:
             self._wake.wait(timeout=1.0)
             self._wake.clear()

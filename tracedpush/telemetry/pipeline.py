@@ -2,9 +2,10 @@
 
 Engine threads only touch `pipeline.record` (a `deque.append`). The builder thread
 wakes every `interval_s`, drains the events, builds spans and hands them to the sink,
-whose exporters have their own threads. If the builder ever falls `max_backlog`
-events behind, the oldest events are discarded and counted rather than letting
-memory grow; nothing ever blocks the recording thread.
+whose exporters have their own threads. Every `sweep_every_s` it also closes stale
+requests, emits the process's engine steps and (optionally) samples its threads. If
+the builder ever falls `max_backlog` events behind, the oldest events are discarded
+and counted rather than letting memory grow; nothing ever blocks the recording thread.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from opentelemetry.sdk.resources import Resource
 from tracedpush.telemetry.builder import BuilderConfig, SpanBuilder
 from tracedpush.telemetry.events import Recorder
 from tracedpush.telemetry.export import SpanSink
+from tracedpush.telemetry.threads import name_os_thread
 
 log = logging.getLogger("tracedpush.pipeline")
 
@@ -33,6 +35,7 @@ class Pipeline:
         interval_s: float = 0.05,
         sweep_every_s: float = 1.0,
         max_backlog: int = 1_000_000,
+        sample_threads: bool = False,
     ) -> None:
         self.recorder = Recorder()
         self.record = self.recorder.record
@@ -40,8 +43,10 @@ class Pipeline:
         self.builder = SpanBuilder(config, resource, sink.emit)
         self.interval_s = interval_s
         self.sweep_every_s = sweep_every_s
+        self.sample_threads = sample_threads  # an /proc sample of our threads each sweep
         self.max_backlog = max_backlog
         self.events_dropped = 0
+        self.events_recorded = 0  # drained so far: what the engine threads recorded
         self.builder_errors = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()  # serialises builder work between thread and shutdown
@@ -52,6 +57,7 @@ class Pipeline:
         atexit.register(self.shutdown)
 
     def _run(self) -> None:
+        name_os_thread(f"tracedpush-b-{self.builder.cfg.side}")
         last_sweep = time.monotonic()
         while not self._stop.wait(self.interval_s):
             self.pump()
@@ -59,6 +65,8 @@ class Pipeline:
                 last_sweep = time.monotonic()
                 with self._lock:
                     self._guard(self.builder.sweep)
+                    if self.sample_threads:
+                        self._guard(self.builder.sample_threads, None, self.events_recorded)
 
     def pump(self) -> None:
         """Drain and build now (the thread calls this; tests may too)."""
@@ -69,6 +77,7 @@ class Pipeline:
                 self.events_dropped += dropped
                 log.warning("tracedpush: builder behind, dropped %d events", dropped)
             events = self.recorder.drain()
+            self.events_recorded += len(events)
             if events:
                 self._guard(self.builder.feed, events)
 
@@ -83,6 +92,7 @@ class Pipeline:
     def stats(self) -> dict[str, object]:
         return {
             "events_pending": len(self.recorder),
+            "events_recorded": self.events_recorded,
             "events_dropped": self.events_dropped,
             "builder_errors": self.builder_errors,
             "spans_built": self.builder.spans_built,

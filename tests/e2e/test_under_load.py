@@ -1,0 +1,162 @@
+"""Under load (8 in flight), in both modes: our per-engine phases agree with vLLM's own
+counters on the same run, and the push-pull TTFT difference is fully named.
+
+vLLM measures some of what we measure, from its own timestamps: P's
+`vllm:request_queue_time_seconds` (QUEUED -> SCHEDULED), `vllm:request_prefill_time_seconds`
+(SCHEDULED -> first token) and the NIXL transfer time `vllm:nixl_xfer_time_seconds`
+(NIXL's xferDuration; on P in push mode, on D in pull mode). The growth of those sums
+over our workload must match the totals of our `engine_phases_ms` within 5%, with equal
+request counts. Then the account of where the TTFT difference between the modes goes
+must leave less than 1% of it unattributed.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tracedpush.analysis import RunAnalysis, TraceStore, analyze, phases
+from tracedpush.bench.workload import PromptMaker, run_workload
+from tracedpush.launcher.metrics import metric_sum
+
+MODES = [pytest.param(m, marks=pytest.mark.pd(m), id=m) for m in ("push", "pull")]
+CONCURRENCY = 8
+N_REQUESTS = 24
+LENGTHS = [256, 512, 1024]
+TOLERANCE = 0.05
+
+QUEUE = "vllm:request_queue_time_seconds"
+PREFILL = "vllm:request_prefill_time_seconds"
+XFER = "vllm:nixl_xfer_time_seconds"
+
+pytestmark = pytest.mark.timeout(2400)
+
+
+def _counters(pd: Any, mode: str) -> dict[str, float]:
+    xfer_url = pd.prefill_url if mode == "push" else pd.decode_url
+    return {
+        "queue_sum": metric_sum(pd.prefill_url, QUEUE + "_sum"),
+        "queue_count": metric_sum(pd.prefill_url, QUEUE + "_count"),
+        "prefill_sum": metric_sum(pd.prefill_url, PREFILL + "_sum"),
+        "prefill_count": metric_sum(pd.prefill_url, PREFILL + "_count"),
+        "xfer_sum": metric_sum(xfer_url, XFER + "_sum"),
+        "xfer_count": metric_sum(xfer_url, XFER + "_count"),
+    }
+
+
+def _grown(pd: Any, mode: str, before: dict[str, float], n: int) -> dict[str, float]:
+    """vLLM's stats reach /metrics a little after a request ends: wait for all n."""
+    deadline = time.monotonic() + 30.0
+    while True:
+        now = _counters(pd, mode)
+        delta = {k: now[k] - before[k] for k in now}
+        done = delta["queue_count"] >= n and delta["prefill_count"] >= n
+        if (done and delta["xfer_count"] >= n) or time.monotonic() > deadline:
+            return delta
+        time.sleep(0.5)
+
+
+def _analysed(traces_dir: Path, ids: set[str], timeout_s: float = 120.0) -> RunAnalysis:
+    store = TraceStore.from_path(traces_dir)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        run = analyze(store, spans=False)
+        mine = [r for r in run.requests if r.request_id in ids]
+        if len(mine) == len(ids) and all(r.complete and r.engine_phases_ms for r in mine):
+            run.requests = mine
+            return run
+        if time.monotonic() > deadline:
+            pytest.fail(f"{len(mine)}/{len(ids)} complete traces after {timeout_s:.0f} s")
+        time.sleep(1.0)
+        store.refresh()
+
+
+def _total(run: RunAnalysis, engine: str, phase: str) -> tuple[float, int]:
+    values = [r.engine_phases_ms.get(engine, {}).get(phase) for r in run.requests]
+    measured = [v for v in values if v is not None]
+    return sum(measured), len(measured)
+
+
+def _agree(ours_ms: float, vllm_s: float, what: str) -> None:
+    theirs = vllm_s * 1000.0
+    assert theirs > 0, f"vLLM's {what} did not grow"
+    assert abs(ours_ms - theirs) <= TOLERANCE * theirs, (
+        f"{what}: ours {ours_ms:.1f} ms, vLLM {theirs:.1f} ms"
+    )
+
+
+@pytest.fixture(scope="module")
+def loaded() -> dict[str, RunAnalysis]:
+    return {}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_engine_phases_agree_with_vllm_under_load(
+    pd: Any, mode: str, loaded: dict[str, RunAnalysis]
+) -> None:
+    if not pd.config.trace:
+        pytest.skip("the traced connectors are not loaded (TRACEDPUSH_E2E_TRACE=0)")
+    prefix = f"load-{mode}-{uuid.uuid4().hex[:6]}"
+    prompts = PromptMaker(pd.model, seed=11).mix(LENGTHS, N_REQUESTS)
+    before = _counters(pd, mode)
+    results = run_workload(
+        pd.proxy_url, prompts, CONCURRENCY, 8, model=pd.model_name, request_id_prefix=prefix
+    )
+    failed = [r for r in results if not r.ok]
+    assert not failed, f"requests failed under load: {[r.to_dict() for r in failed][:3]}"
+    ids = {f"{prefix}-{i:04d}" for i in range(N_REQUESTS)}
+    delta = _grown(pd, mode, before, N_REQUESTS)
+    run = _analysed(pd.traces_dir, ids)
+    loaded[mode] = run
+
+    queue_ms, n_queue = _total(run, "prefill", phases.QUEUE_WAIT)
+    compute_ms, n_compute = _total(run, "prefill", phases.PREFILL_COMPUTE)
+    assert n_queue == int(delta["queue_count"]) == N_REQUESTS
+    assert n_compute == int(delta["prefill_count"]) == N_REQUESTS
+    _agree(queue_ms, delta["queue_sum"], "P's queue wait vs request_queue_time_seconds_sum")
+    _agree(compute_ms, delta["prefill_sum"], "P's prefill compute vs request_prefill_time_sum")
+
+    engine, phase = ("prefill", phases.WRITE) if mode == "push" else ("decode", phases.READ)
+    xfer_ms, n_xfer = _total(run, engine, phase)
+    assert n_xfer == int(delta["xfer_count"]) == N_REQUESTS
+    _agree(xfer_ms, delta["xfer_sum"], f"{phase} vs nixl_xfer_time_seconds_sum")
+    print(
+        f"\n{mode}: queue {queue_ms:.0f} ms (vLLM {delta['queue_sum'] * 1e3:.0f}), "
+        f"prefill {compute_ms:.0f} ms (vLLM {delta['prefill_sum'] * 1e3:.0f}), "
+        f"{phase} {xfer_ms:.1f} ms (vLLM {delta['xfer_sum'] * 1e3:.1f})"
+    )
+
+
+@pytest.mark.pd("pull")
+def test_push_pull_ttft_difference_is_named_at_the_highest_load(
+    loaded: dict[str, RunAnalysis],
+) -> None:
+    """Every millisecond of the mean TTFT difference at 8 in flight has a mechanism."""
+    if set(loaded) != {"push", "pull"}:
+        pytest.skip("needs both runs of test_engine_phases_agree_with_vllm_under_load")
+    means: dict[str, dict[str, float]] = {}
+    ttft: dict[str, float] = {}
+    for mode, run in loaded.items():
+        reqs = [r for r in run.requests if r.ttft_ms is not None]
+        ttft[mode] = sum(r.ttft_ms for r in reqs) / len(reqs)
+        acc: dict[str, float] = {}
+        for r in reqs:
+            for ph, ms in r.phase_ms().items():
+                acc[ph] = acc.get(ph, 0.0) + ms / len(reqs)
+        means[mode] = acc
+    delta = ttft["push"] - ttft["pull"]
+    by_phase = {
+        ph: means["push"].get(ph, 0.0) - means["pull"].get(ph, 0.0)
+        for ph in set(means["push"]) | set(means["pull"])
+    }
+    assert abs(sum(by_phase.values()) - delta) < 1e-6 * max(1.0, abs(delta))
+    unattributed = abs(by_phase.get(phases.UNATTRIBUTED, 0.0))
+    assert unattributed < 0.01 * abs(delta), (delta, by_phase)
+    top = sorted(by_phase.items(), key=lambda kv: -abs(kv[1]))[:5]
+    print(f"\npush - pull mean TTFT at {CONCURRENCY} in flight: {delta:+.1f} ms")
+    for ph, ms in top:
+        print(f"  {ph:24s} {ms:+9.1f} ms")
