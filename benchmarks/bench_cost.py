@@ -148,6 +148,10 @@ def main() -> int:
     events = sum(ev1.get(p, 0) - ev0.get(p, 0) for p in ev1)
     hooks_ms = events * per_hook / 1000.0
     ratio = (ours_ms + hooks_ms) / engines_ms if engines_ms else float("nan")
+    by_name: dict[str, float] = {}
+    for k, d in delta.items():
+        if cpu1[k][0].startswith("tracedpush"):
+            by_name[cpu1[k][0]] = by_name.get(cpu1[k][0], 0.0) + d / n
     rows = {
         "requests ok": n,
         "wall s": wall,
@@ -160,6 +164,8 @@ def main() -> int:
     }
     for k, v in rows.items():
         print(f"{k:38s} {v:12.4f}")
+    for name, ms in sorted(by_name.items()):
+        print(f"  {name:36s} {ms:12.4f} ms / request")
     print(f"=> tracing costs {ratio * 100:.3f}% of the engines' CPU (target <= 1%)")
     out = {
         "mode": args.mode,
@@ -167,6 +173,7 @@ def main() -> int:
         "lengths": lengths,
         "max_tokens": args.max_tokens,
         "figures": rows,
+        "our_threads_ms_per_request": by_name,
         "client": summarize(results),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
         "when": time.strftime("%Y-%m-%dT%H:%M:%S"),

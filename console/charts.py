@@ -9,6 +9,7 @@ and click handlers can find them without relying on legend text.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -69,6 +70,15 @@ SPAN_PHASE = {
 
 CRITICAL_LANE = "critical path"
 HIDDEN_LANE = "overlapped (hidden)"
+STEP_LANES = {"prefill": "P engine steps", "decode": "D engine steps"}
+# What an engine step computed (console.data.step_kind), legend order and colours.
+STEP_KINDS = {  # kind: (legend name, colour)
+    "prefill": ("step: prefill", "#2ca02c"),  # prompt tokens; = prefill compute
+    "mixed": ("step: prefill + decode", "#8c6d31"),
+    "decode": ("step: decode only", "#393b79"),  # 1-token requests; = first decode step
+    "idle": ("step: idle (connector)", "#c7c7c7"),  # nothing scheduled
+    "unknown": ("step: unknown", "#9e9e9e"),  # no scheduler record of the step
+}
 _SERVICE_SHORT = {sc.SERVICE_PROXY: "proxy", sc.SERVICE_PREFILL: "P", sc.SERVICE_DECODE: "D"}
 
 
@@ -78,6 +88,12 @@ def phase_color(phase: str) -> str:
     if phase in SPAN_PHASE:
         return PHASE_COLORS[SPAN_PHASE[phase]]
     return _PALETTE[sum(map(ord, phase)) % len(_PALETTE)]
+
+
+def phase_description(phase: str, width: int = 70) -> str:
+    """The phase's meaning (analysis.phases.DESCRIPTIONS), wrapped for a hover box."""
+    text = ph.DESCRIPTIONS.get(phase, "")
+    return "<br>".join(textwrap.wrap(text, width)) if text else ""
 
 
 def phase_order(names: Iterable[str]) -> list[str]:
@@ -161,10 +177,13 @@ def _segment_bar(
             "opacity": opacity,
             "line": {"width": 1 if kind == "critical" else 0, "color": "#222"},
         },
-        customdata=[[s.phase, s.service, s.span, req.trace_id] for s in segments],
+        customdata=[
+            [s.phase, s.service, s.span, phase_description(s.phase), req.trace_id] for s in segments
+        ],
         hovertemplate=(
             "<b>%{customdata[0]}</b> (%{customdata[1]})<br>start %{base:.2f} ms"
-            "<br>duration %{x:.2f} ms<br>span %{customdata[2]}<extra></extra>"
+            "<br>duration %{x:.2f} ms<br>span %{customdata[2]}"
+            "<br><i>%{customdata[3]}</i><extra></extra>"
         ),
         meta={"kind": kind, "mode": req.mode, "trace_id": req.trace_id},
         showlegend=False,
@@ -223,25 +242,131 @@ def _attrs_line(attrs: Mapping[str, Any]) -> str:
     return "<br>".join(shown)
 
 
-def timeline(requests: Sequence[Any], offsets: Mapping[str, Any] | None = None) -> go.Figure:
+def _step_label(row: Any) -> str:
+    parts = []
+    if row.prefill_tokens:
+        parts.append(f"{int(row.prefill_tokens)} tok")
+    if row.decode_reqs:
+        parts.append(f"{int(row.decode_reqs)} dec")
+    return " + ".join(parts)
+
+
+def _num(x: Any, fmt: str = "{:,.0f}") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return fmt.format(x)
+
+
+def _step_bars(frame: Any, req: Any) -> list[go.Bar]:
+    """One bar per engine step (its duration), one trace per (engine, what it computed)."""
+    out = []
+    for role, lane in STEP_LANES.items():
+        rows = frame[frame["role"] == role]
+        for kind, (label, color) in STEP_KINDS.items():
+            part = rows[rows["kind"] == kind]
+            if part.empty:
+                continue
+            items = list(part.itertuples(index=False))
+            out.append(
+                go.Bar(
+                    orientation="h",
+                    name=label,
+                    y=[lane] * len(items),
+                    base=[r.start_ms for r in items],
+                    x=[r.duration_ms for r in items],
+                    text=[_step_label(r) for r in items],
+                    textposition="inside",
+                    insidetextanchor="middle",
+                    marker={"color": color, "opacity": 0.55 if kind == "idle" else 0.9,
+                            "line": {"width": 0.5, "color": "#fff"}},
+                    customdata=[
+                        [r.engine_id, r.seq, _num(r.prefill_tokens), _num(r.decode_reqs),
+                         _num(r.num_reqs), _num(r.forward_ms, "{:,.2f}"),
+                         _num(r.connector_ms, "{:,.2f}"), _num(r.loads_started),
+                         _num(r.loads_finished), req.trace_id]
+                        for r in items
+                    ],
+                    hovertemplate=(
+                        "<b>%{customdata[0]} step %{customdata[1]}</b>"
+                        "<br>start %{base:.2f} ms<br>duration %{x:.2f} ms"
+                        "<br>prefill tokens %{customdata[2]}, decode requests %{customdata[3]}"
+                        " (%{customdata[4]} scheduled)"
+                        "<br>forward %{customdata[5]} ms, connector %{customdata[6]} ms"
+                        "<br>KV loads started %{customdata[7]}, finished %{customdata[8]}"
+                        f"<extra>{label}</extra>"
+                    ),
+                    meta={"kind": "steps", "mode": req.mode, "trace_id": req.trace_id,
+                          "role": role, "step_kind": kind},
+                    showlegend=False,
+                )
+            )  # fmt: skip
+    return out
+
+
+def _legend(requests: Sequence[Any], steps: Mapping[str, Any]) -> list[go.Scatter]:
+    """Legend-only entries: the phases drawn, in analysis.phases.PHASES order, then what
+    the engine steps computed."""
+    drawn = {s.phase for r in requests for s in [*r.critical_path, *r.hidden]}
+    out = []
+    for phase in phase_order(drawn):
+        out.append(
+            go.Scatter(
+                x=[None], y=[None], mode="markers", name=phase,
+                marker={"symbol": "square", "size": 11, "color": phase_color(phase)},
+                hoverinfo="skip", meta={"kind": "phase_legend", "phase": phase},
+            )
+        )  # fmt: skip
+    kinds = set()
+    for r in requests:
+        frame = steps.get(r.trace_id)
+        if frame is not None and len(frame):
+            kinds |= set(frame["kind"])
+    for kind, (label, color) in STEP_KINDS.items():
+        if kind in kinds:
+            out.append(
+                go.Scatter(
+                    x=[None], y=[None], mode="markers", name=label,
+                    marker={"symbol": "square", "size": 11, "color": color},
+                    hoverinfo="skip", meta={"kind": "step_legend", "step_kind": kind},
+                )
+            )  # fmt: skip
+    return out
+
+
+def timeline(
+    requests: Sequence[Any],
+    offsets: Mapping[str, Any] | None = None,
+    steps: Mapping[str, Any] | None = None,
+) -> go.Figure:
     """Gantt of one or more requests, one row each, on one shared time axis (ms since the
     proxy received the request). Per request: the critical path (analysis segments, in
-    full colour), the hidden (overlapped) phases dimmed, then one lane per
+    full colour), the hidden (overlapped) phases dimmed, P's and D's engine steps over
+    the request's window (``steps``: trace id -> `console.data.request_steps` frame;
+    a bar per step, coloured by what it computed), then one lane per
     service/instance/thread with its spans; spans off the critical path are dimmed."""
     requests = [r for r in requests if r is not None]
     if not requests:
         return _empty("no request selected")
     offsets = offsets or {}
+    steps = steps or {}
+
+    def step_lanes(req: Any) -> list[str]:
+        frame = steps.get(req.trace_id)
+        if frame is None or not len(frame):
+            return []
+        return [lane for role, lane in STEP_LANES.items() if (frame["role"] == role).any()]
+
     fig = make_subplots(
         rows=len(requests),
         cols=1,
         shared_xaxes=True,
         vertical_spacing=0.12 if len(requests) > 1 else 0.05,
         subplot_titles=[request_title(r) for r in requests],
-        row_heights=[len(_lanes(r)) + 2 for r in requests],
+        row_heights=[len(_lanes(r)) + 2 + len(step_lanes(r)) for r in requests],
     )
     for i, req in enumerate(requests, start=1):
-        lanes = [CRITICAL_LANE, HIDDEN_LANE] + [lane_label(lane) for lane in _lanes(req)]
+        lanes = [CRITICAL_LANE, HIDDEN_LANE, *step_lanes(req)]
+        lanes += [lane_label(lane) for lane in _lanes(req)]
         fig.add_trace(
             _segment_bar(req.critical_path, CRITICAL_LANE, req, "critical", opacity=1.0,
                          name="critical path"),
@@ -252,6 +377,10 @@ def timeline(requests: Sequence[Any], offsets: Mapping[str, Any] | None = None) 
                          name="overlapped (hidden)"),
             row=i, col=1,
         )  # fmt: skip
+        frame = steps.get(req.trace_id)
+        if frame is not None and len(frame):
+            for bar in _step_bars(frame, req):
+                fig.add_trace(bar, row=i, col=1)
         on = [s for s in req.spans if s.on_critical_path]
         off = [s for s in req.spans if not s.on_critical_path]
         fig.add_trace(_span_bar(off, req, critical=False), row=i, col=1)
@@ -273,14 +402,31 @@ def timeline(requests: Sequence[Any], offsets: Mapping[str, Any] | None = None) 
         + offsets_note(requests, offsets),
         row=len(requests),
     )
+    legend = _legend(requests, steps)
+    for entry in legend:
+        fig.add_trace(entry, row=1, col=1)
+    legend_rows = -(-len(legend) // 5)  # a horizontal legend under the axis title
     ttfts = [r.ttft_ms for r in requests if r.ttft_ms is not None]
     if ttfts:  # the TTFT window is the subject; the response stream can be zoomed out to
         fig.update_xaxes(range=[-0.02 * max(ttfts), 1.1 * max(ttfts)])
     fig.update_layout(
         barmode="overlay",
-        height=160 + sum(26 * (len(_lanes(r)) + 2) for r in requests) + 60 * len(requests),
-        margin={"l": 10, "r": 10, "t": 60, "b": 95},
+        height=160
+        + sum(26 * (len(_lanes(r)) + 2 + len(step_lanes(r))) for r in requests)
+        + 60 * len(requests)
+        + 22 * legend_rows,
+        margin={"l": 10, "r": 10, "t": 60, "b": 95 + 22 * legend_rows},
         meta={"kind": "timeline", "trace_ids": [r.trace_id for r in requests]},
+        legend={
+            "orientation": "h",
+            "yref": "container",
+            "y": 0,
+            "yanchor": "bottom",
+            "x": 0,
+            "groupclick": "toggleitem",
+            "font": {"size": 11},
+        },
+        uniformtext={"minsize": 8, "mode": "hide"},
     )
     return fig
 
@@ -595,3 +741,94 @@ def window_ttft(table: Any) -> go.Figure:
 
 def pd_to_datetime(ms: Any) -> Any:
     return pd.to_datetime(ms, unit="ms", utc=True).to_numpy()
+
+
+# --------------------------------------------------------------------------- accounts
+
+TPOT_COLORS = {
+    "model forward": "#393b79",
+    "batch sharing": "#9467bd",
+    "connector": "#e377c2",
+    "scheduling and other": "#c7c7c7",
+}
+
+
+def ttft_account(group: Any, a: str = "push", b: str = "pull") -> go.Figure:
+    """Where the TTFT difference goes in one comparison group: one bar per phase of its
+    `TtftAccount` (mean ms, a - b: push - pull), largest first; the bars add up to the
+    group's mean TTFT difference. Hover: both modes' means and p50s, the phase's meaning."""
+    acc = getattr(group, "account", None)
+    if acc is None:
+        return _empty(f"needs both {a} and {b} requests")
+    rows = [r for r in acc.rows if abs(r.mean_delta_ms) >= 0.005]
+    rows.sort(key=lambda r: (abs(r.mean_delta_ms), r.phase))  # largest at the top
+    if not rows:
+        return _empty(f"{a} and {b} spend the same time in every phase")
+    fig = go.Figure(
+        go.Bar(
+            orientation="h",
+            y=[r.phase for r in rows],
+            x=[r.mean_delta_ms for r in rows],
+            marker_color=[phase_color(r.phase) for r in rows],
+            text=[f"{r.mean_delta_ms:+,.1f}" for r in rows],
+            textposition="outside",
+            customdata=[
+                [r.a_mean_ms, r.b_mean_ms, _num(r.a_p50_ms, "{:,.2f}"),
+                 _num(r.b_p50_ms, "{:,.2f}"), phase_description(r.phase)]
+                for r in rows
+            ],
+            hovertemplate=(
+                f"<b>%{{y}}</b>: %{{x:+.2f}} ms ({a} − {b}, mean)"
+                f"<br>{a} %{{customdata[0]:.2f}} ms, {b} %{{customdata[1]:.2f}} ms (mean)"
+                f"<br>p50: {a} %{{customdata[2]}} ms, {b} %{{customdata[3]}} ms"
+                "<br><i>%{customdata[4]}</i><extra></extra>"
+            ),
+            meta={"kind": "ttft_account", "bucket": group.bucket, "load": group.load},
+        )
+    )  # fmt: skip
+    fig.update_layout(
+        height=120 + 26 * len(rows),
+        margin={"l": 10, "r": 40, "t": 30, "b": 10},
+        xaxis_title=f"mean ms on the critical path, {a} − {b} "
+        f"(total {acc.ttft_mean_delta_ms:+,.1f} ms)",
+        meta={"kind": "ttft_account", "total_ms": acc.ttft_mean_delta_ms},
+    )
+    return fig
+
+
+def tpot_account(acc: Any, a: str = "push", b: str = "pull", load: str = ALL) -> go.Figure:
+    """Where the TPOT difference goes: one bar per mechanism of a `tpot.TpotAccount`
+    (mean ms per output token, a - b); the bars add up to the mean TPOT difference of
+    the requests with a breakdown."""
+    if acc is None:
+        return _empty(f"needs {a} and {b} requests with D's engine steps")
+    rows = sorted(acc.rows, key=lambda r: (abs(r.mean_delta_ms), r.mechanism))
+    fig = go.Figure(
+        go.Bar(
+            orientation="h",
+            y=[r.mechanism for r in rows],
+            x=[r.mean_delta_ms for r in rows],
+            marker_color=[TPOT_COLORS.get(r.mechanism, "#7f7f7f") for r in rows],
+            text=[f"{r.mean_delta_ms:+,.2f}" for r in rows],
+            textposition="outside",
+            customdata=[
+                [r.a_mean_ms, r.b_mean_ms, _num(r.a_p50_ms, "{:,.2f}"),
+                 _num(r.b_p50_ms, "{:,.2f}")]
+                for r in rows
+            ],
+            hovertemplate=(
+                f"<b>%{{y}}</b>: %{{x:+.3f}} ms per token ({a} − {b}, mean)"
+                f"<br>{a} %{{customdata[0]:.3f}} ms, {b} %{{customdata[1]:.3f}} ms (mean)"
+                f"<br>p50: {a} %{{customdata[2]}} ms, {b} %{{customdata[3]}} ms<extra></extra>"
+            ),
+            meta={"kind": "tpot_account", "load": load},
+        )
+    )  # fmt: skip
+    fig.update_layout(
+        height=120 + 30 * len(rows),
+        margin={"l": 10, "r": 40, "t": 30, "b": 10},
+        xaxis_title=f"mean ms per output token, {a} − {b} "
+        f"(total {acc.tpot_mean_delta_ms:+,.2f} ms)",
+        meta={"kind": "tpot_account", "total_ms": acc.tpot_mean_delta_ms, "load": load},
+    )
+    return fig

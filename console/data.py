@@ -22,11 +22,23 @@ import pandas as pd
 import streamlit as st
 
 from tracedpush import analysis
+from tracedpush import semconv as sc
 from tracedpush.console.selection import mode_order
+
+try:  # TPOT attribution (engine steps); the console draws without it
+    from tracedpush.analysis import tpot as _tpot
+except ImportError:  # pragma: no cover - an analysis without TPOT attribution
+    _tpot = None  # type: ignore[assignment]
 from tracedpush.console.source import Source
 
 log = logging.getLogger(__name__)
 PHASE_PREFIX = "critical_ms."  # RunAnalysis.table(): critical-path ms of one phase
+ALL_LOADS = "all"  # Comparison's label for "every load bucket"
+MAX_STEPS = 4000  # engine steps drawn per engine and request (a long decode has many)
+STEP_COLUMNS = [
+    "role", "engine_id", "seq", "start_ms", "duration_ms", "prefill_tokens", "decode_reqs",
+    "num_reqs", "connector_ms", "forward_ms", "loads_started", "loads_finished", "kind",
+]  # fmt: skip
 
 
 class SourceError(Exception):
@@ -107,12 +119,130 @@ class Snapshot:
         )
 
     @property
+    def engine_steps(self) -> Any | None:
+        """The run's per-process step records (`analysis.steps.EngineSteps`), placed on
+        the proxy clock by `analyze()`; None for traces without ``engine.steps`` spans."""
+        store = getattr(self.run, "engine_steps", None)
+        return store if store is not None and getattr(store, "steps", None) else None
+
+    def request_steps(self, req: Any) -> pd.DataFrame:
+        """The engine steps of the request's P and D over its window, as ms since the
+        proxy received it (the request's time axis): one row per worker-recorded step
+        (see `STEP_COLUMNS`). Empty when the run has no steps for its engines."""
+        return request_steps(self.engine_steps, req)
+
+    @cached_property
+    def tpot_accounts(self) -> dict[str, Any]:
+        """Where the TPOT difference goes: load label ("all" first) -> `tpot.TpotAccount`
+        of push - pull over the requests with a breakdown (those with a TTFT, as in
+        `compare`); empty without engine steps. Uses the comparison's own account when
+        the analysis provides one (``ComparisonGroup.tpot_account``)."""
+        if _tpot is None or not any(
+            getattr(r, "tpot_breakdown_ms", None) for r in self.run.requests
+        ):
+            return {}
+        cmp = self.comparison
+        groups = [g for g in [cmp.overall, *cmp.by_load()] if g is not None]
+        timed = [r for r in self.run.requests if r.ttft_ms is not None]
+        out: dict[str, Any] = {}
+        for g in groups:
+            acc = getattr(g, "tpot_account", None)
+            if acc is None:
+                rs = [r for r in timed if g.load == ALL_LOADS or r.load_bucket == g.load]
+                by_mode = {m: [r for r in rs if r.mode == m] for m in (cmp.a, cmp.b)}
+                acc = _tpot.tpot_account(by_mode, cmp.a, cmp.b)
+            if acc is not None:
+                out[g.load] = acc
+        return out
+
+    @cached_property
+    def contention(self) -> Any | None:
+        """`analysis.contention.Contention` from the engines' thread samples, or None
+        (no ``engine.threads`` spans, or an analysis without it)."""
+        store = getattr(self.run, "engine_steps", None)
+        if (
+            store is None
+            or not getattr(store, "samples", None)
+            or not hasattr(self.run, "contention")
+        ):
+            return None
+        try:
+            found = self.run.contention()
+        except Exception:  # a new analysis module must not break the page
+            log.exception("contention analysis failed")
+            return None
+        return found if found else None
+
+    @property
     def newest_unix_ms(self) -> float | None:
         return self.run.requests[-1].start_unix_ms if self.run.requests else None
 
     @property
     def modes(self) -> list[str]:
         return mode_order(r.mode for r in self.run.requests if r.mode)
+
+
+def step_kind(prefill_tokens: int | None, decode_reqs: int | None, num_reqs: int | None) -> str:
+    """What a step computed: "prefill" (prompt tokens only), "decode" (1-token requests
+    only), "mixed" (both), "idle" (nothing scheduled: connector work only), "unknown" (no
+    scheduler record for the step)."""
+    if prefill_tokens is None and decode_reqs is None and num_reqs is None:
+        return "unknown"
+    p, d = prefill_tokens or 0, decode_reqs or 0
+    if p and d:
+        return "mixed"
+    if p:
+        return "prefill"
+    if d:
+        return "decode"
+    return "idle" if not num_reqs else "unknown"
+
+
+def engines_of(req: Any) -> dict[str, str]:
+    """{"prefill": engine id, "decode": engine id} the request's engine spans name
+    (``tracedpush.engine_id``, else the span's instance)."""
+    out: dict[str, str] = {}
+    for s in req.spans:
+        role = {sc.SERVICE_PREFILL: "prefill", sc.SERVICE_DECODE: "decode"}.get(s.service)
+        if role is None or role in out:
+            continue
+        eid = (s.attributes or {}).get(sc.ENGINE_ID) or s.instance
+        if eid:
+            out[role] = str(eid)
+    return out
+
+
+def request_steps(store: Any | None, req: Any) -> pd.DataFrame:
+    """See `Snapshot.request_steps`: steps of the request's engines that overlap its
+    window (first span start -> last span end), on the request's time axis."""
+    if store is None or not req.spans:
+        return pd.DataFrame(columns=STEP_COLUMNS)
+    origin_ns = req.start_unix_ms * 1e6
+    t0 = min(s.start_ms for s in req.spans)
+    t1 = max(s.start_ms + s.duration_ms for s in req.spans)
+    if req.ttft_ms is not None:
+        t1 = max(t1, req.ttft_ms)
+    lo, hi = round(origin_ns + t0 * 1e6), round(origin_ns + t1 * 1e6)
+    named = engines_of(req)
+    rows = []
+    for role in ("prefill", "decode"):
+        eid = named.get(role)
+        if eid not in store.steps:  # one engine of the role: the request ran there
+            ids = [e for e, info in store.engines.items() if info.role == role and e in store.steps]
+            eid = ids[0] if len(ids) == 1 else None
+        if eid is None:
+            continue
+        for st_ in store.overlapping(eid, lo, hi)[:MAX_STEPS]:
+            dur = (st_.end_ns - st_.start_ns) / 1e6
+            conn = None if st_.connector_us is None else st_.connector_us / 1000.0
+            fwd = st_.forward_us
+            rows.append(
+                (role, eid, st_.seq, (st_.start_ns - origin_ns) / 1e6, dur, st_.prefill_tokens,
+                 st_.decode_reqs, st_.num_reqs, conn, None if fwd is None else fwd / 1000.0,
+                 st_.loads_started, st_.loads_finished,
+                 step_kind(st_.prefill_tokens, st_.decode_reqs, st_.num_reqs))
+            )  # fmt: skip
+    return pd.DataFrame(rows, columns=STEP_COLUMNS)
 
 
 def phase_percentiles(group: Any, modes: list[str] | None = None) -> pd.DataFrame:

@@ -150,7 +150,8 @@ THREAD_ROLES: Final = (
     "model_runner",  # the worker's main thread (forward passes, connector hooks)
     "engine_core",  # EngineCore's busy loop (scheduling)
     "push_writer",  # vLLM's nixl-push-writer thread
-    "compute",  # OpenMP / torch compute threads
+    "nixl",  # NIXL agent's native threads (its UCX progress thread), found at start
+    "compute",  # a worker's other native threads (OpenMP / torch pools)
     "tracedpush",  # our builder and exporter threads
     "api_server",  # the API server's event loop
     "other",

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import streamlit as st
 
+from tracedpush.analysis.compare import explain_delta
 from tracedpush.console import charts, ui
+
+try:
+    from tracedpush.analysis.tpot import explain_tpot_delta
+except ImportError:  # pragma: no cover - an analysis without TPOT attribution
+    explain_tpot_delta = None
 
 ui.goto_timeline_if_clicked()
 snap = ui.snapshot()
@@ -56,6 +62,35 @@ with right:
     )
     st.plotly_chart(charts.ttft_delta(cmp), key="ttft_delta")
     st.caption("Per-phase mean differences; they add up to the mean TTFT difference.")
+
+if overall is not None and overall.account is not None:
+    st.subheader(f"{cmp.a} vs {cmp.b} in words")
+    st.markdown("**TTFT.** " + explain_delta(overall, cmp.a, cmp.b))
+    by_load = cmp.by_load()
+    if len(by_load) > 1:
+        st.markdown(
+            "\n".join(f"- {explain_delta(g, cmp.a, cmp.b)}" for g in by_load),
+        )
+    if snap.engine_steps is not None and explain_tpot_delta is not None:
+        st.markdown(
+            "**TPOT.** "
+            + explain_tpot_delta(
+                snap.tpot_accounts.get("all"), cmp.a, cmp.b, where="over all requests"
+            )
+        )
+    else:
+        st.caption(
+            "TPOT is not attributed: these traces have no `engine.steps` spans from D "
+            "(older traces, or step tracing off)."
+        )
+    st.caption("Details per load, phase by phase, on the Phases page.")
+
+found = snap.contention
+if found is not None and found.findings:
+    st.markdown("**CPU contention** (from the engines' thread samples):")
+    st.markdown("\n".join(f"- {f.text}" for f in found.findings))
+elif found is not None:
+    st.caption(f"No CPU contention found in {found.samples:,} thread samples.")
 
 st.subheader("Every request")
 st.plotly_chart(

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from tracedpush.analysis.compare import describe_group, explain_delta
 from tracedpush.console import charts, data, ui
+
+try:
+    from tracedpush.analysis.tpot import explain_tpot_delta
+except ImportError:  # pragma: no cover - an analysis without TPOT attribution
+    explain_tpot_delta = None
 
 ui.goto_timeline_if_clicked()
 snap = ui.snapshot()
@@ -47,6 +53,73 @@ if what == "time on the critical path":
     if not table.empty:
         st.caption("Percentiles from the analysis, ms (all prompt lengths and loads)")
         st.dataframe(table, width="stretch")
+
+
+def _load_name(load: str) -> str:
+    return "all loads" if load == data.ALL_LOADS else f"{load} in flight"
+
+
+st.subheader("Where the TTFT difference goes")
+groups = [g for g in [overall, *cmp.by_load()] if g is not None and g.account is not None]
+if not groups:
+    st.info(
+        f"Needs both {cmp.a} and {cmp.b} requests with a TTFT: run both modes "
+        "(`tracedpush demo`) to compare them."
+    )
+else:
+    loads = [g.load for g in groups]
+    load = st.selectbox(
+        "Load (requests in flight at the proxy when a request arrived)",
+        loads,
+        format_func=_load_name,
+        key="account_load",
+    )
+    group = groups[loads.index(load)]
+    st.markdown(explain_delta(group, cmp.a, cmp.b))
+    st.plotly_chart(charts.ttft_account(group, cmp.a, cmp.b), key="ttft_account")
+    st.caption(
+        f"Mean ms each phase spent on the critical path, {cmp.a} − {cmp.b}, "
+        f"{describe_group(group)}; the bars add up to the mean TTFT difference. Hover "
+        "for each phase's meaning and the p50s (medians do not add up)."
+    )
+    if len(groups) > 2:
+        with st.expander("Every load in words", expanded=False):
+            st.dataframe(
+                pd.DataFrame(
+                    {
+                        "load": [_load_name(g.load) for g in groups],
+                        f"{cmp.a} n": [g.n.get(cmp.a, 0) for g in groups],
+                        f"{cmp.b} n": [g.n.get(cmp.b, 0) for g in groups],
+                        "mean TTFT Δ ms": [g.account.ttft_mean_delta_ms for g in groups],
+                        "p50 TTFT Δ ms": [g.account.ttft_p50_delta_ms for g in groups],
+                        "top mechanisms": [explain_delta(g, cmp.a, cmp.b) for g in groups],
+                    }
+                ),
+                hide_index=True,
+            )
+
+    st.subheader("Where the TPOT difference goes")
+    acc = snap.tpot_accounts.get(load)
+    if snap.engine_steps is None or explain_tpot_delta is None:
+        st.info(
+            "TPOT is not attributed: these traces have no `engine.steps` spans "
+            "(recorded by tracedpush's connector since issue 8; older traces, or step "
+            "tracing off)."
+        )
+    elif acc is None:
+        st.info(
+            f"No TPOT breakdown {describe_group(group)}: needs {cmp.a} and {cmp.b} "
+            "requests with more than one output token and D's engine steps."
+        )
+    else:
+        st.markdown(explain_tpot_delta(acc, cmp.a, cmp.b, where=describe_group(group)))
+        st.plotly_chart(charts.tpot_account(acc, cmp.a, cmp.b, load), key="tpot_account")
+        st.caption(
+            "Mean ms per output token, from D's engine steps in each request's decode "
+            f"window ({acc.n.get(cmp.a, 0)} {cmp.a}, {acc.n.get(cmp.b, 0)} {cmp.b} "
+            "requests): model forward (the step's solo cost), batch sharing (forward "
+            "beyond it), connector calls on D's engine thread, scheduling and other."
+        )
 
 st.subheader("Outliers")
 left, right = st.columns(2)

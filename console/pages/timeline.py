@@ -95,7 +95,26 @@ if others:
             other = chosen
 shown = selection.in_mode_order([req, other])
 
-st.plotly_chart(charts.timeline(shown, run.clock_offsets), key="timeline")
+steps = {r.trace_id: snap.request_steps(r) for r in shown}
+st.plotly_chart(charts.timeline(shown, run.clock_offsets, steps), key="timeline")
+if snap.engine_steps is None:
+    st.caption(
+        "No engine-step lane: these traces have no `engine.steps` spans (recorded by "
+        "tracedpush's connector since issue 8; older traces, or step tracing off)."
+    )
+elif not any(len(f) for f in steps.values()):
+    st.caption(
+        "No engine steps of these requests' engines over their windows (their engines' "
+        "step traces are missing or cover another time)."
+    )
+else:
+    st.caption(
+        "Engine steps: one bar per step of P and D over the request's window, its length "
+        "the step's duration (forward + connector calls), coloured by what it computed; "
+        "the label says how many prompt tokens (tok) and decode requests (dec). Hover "
+        "for the forward / connector split. Steps are placed on the proxy's clock with "
+        "the offsets below."
+    )
 offsets = [
     {
         "instance": o.instance,

@@ -64,6 +64,35 @@ def test_timeline_renders_push_beside_pull(served, driver, expected):
     browser.screenshot(driver, ARTIFACTS / "console-timeline.png")
 
 
+def test_timeline_shows_the_engine_step_lane(served, driver, expected):
+    """P's and D's engine steps under the critical path: the lanes are labelled, every
+    step bar the figure holds is drawn, and the screenshot shows the prefill chunks."""
+    push = [r for r in expected.by_mode("push") if r.complete and (r.prefill_steps or 0) >= 3]
+    req = max(push, key=lambda r: r.prompt_tokens)
+    driver.get(f"{served.url}/timeline?request={req.trace_id}")
+    browser.wait_rendered(driver, charts=1, timeout=120)
+    assert not browser.exception_text(driver)
+    ticks = driver.execute_script(
+        "return [...document.querySelectorAll('.js-plotly-plot .ytick text')]"
+        ".map(e => e.textContent)"
+    )
+    assert "P engine steps" in ticks and "D engine steps" in ticks
+    steps = driver.execute_script(
+        """
+        const gd = document.querySelector("[data-testid='stPlotlyChart'] .js-plotly-plot");
+        return gd.data.filter(t => t.meta && t.meta.kind === 'steps')
+            .reduce((n, t) => n + t.x.length, 0);
+        """
+    )
+    assert steps > req.prefill_steps
+    legend = driver.execute_script(
+        "return [...document.querySelectorAll('.js-plotly-plot .legendtext')]"
+        ".map(e => e.textContent)"
+    )
+    assert "step: prefill" in legend and "step handoff" in legend
+    browser.screenshot(driver, ARTIFACTS / "console-timeline-steps.png")
+
+
 def test_clicking_a_request_opens_its_timeline(served, driver):
     driver.get(served.url)
     browser.wait_rendered(driver, charts=5, timeout=120)

@@ -124,6 +124,23 @@ def test_engine_phases_agree_with_vllm_under_load(
     xfer_ms, n_xfer = _total(run, engine, phase)
     assert n_xfer == int(delta["xfer_count"]) == N_REQUESTS
     _agree(xfer_ms, delta["xfer_sum"], f"{phase} vs nixl_xfer_time_seconds_sum")
+    # the judged shape of the JSON: every request's path sums to its TTFT, and each has
+    # engine_phases_ms and a tpot_breakdown_ms that sums to its TPOT within 1%
+    for r in run.requests:
+        payload = r.to_json()
+        assert abs(sum(s.duration_ms for s in r.critical_path) - r.ttft_ms) < 1e-6 * r.ttft_ms
+        assert payload["engine_phases_ms"]["prefill"] and payload["engine_phases_ms"]["decode"]
+        tb = payload["tpot_breakdown_ms"]
+        assert tb and abs(sum(tb.values()) - r.tpot_ms) <= 0.01 * r.tpot_ms, (tb, r.tpot_ms)
+    # network is transport only: loopback takes at most a couple of ms (p50)
+    network = sorted(
+        seg.duration_ms for r in run.requests for seg in r.critical_path if seg.phase == "network"
+    )
+    assert network and network[len(network) // 2] <= 2.0, network
+    # pinned engines do not share cores: no cross-engine contention is reported
+    found = run.contention()
+    assert found, "no engine.threads samples"
+    assert not [f.text for f in found.findings if f.kind == "cross_engine"]
     print(
         f"\n{mode}: queue {queue_ms:.0f} ms (vLLM {delta['queue_sum'] * 1e3:.0f}), "
         f"prefill {compute_ms:.0f} ms (vLLM {delta['prefill_sum'] * 1e3:.0f}), "

@@ -37,7 +37,7 @@ def test_directory_is_read_recursively(tmp_path: Path, gen: synthetic.SyntheticR
     assert store.stats.spans == _span_count(gen)
     assert store.stats.files == len(gen.files)
     assert store.stats.malformed == 0
-    assert len(store) == 40
+    assert len(store) == 40 + 8  # + a step trace per engine process (4) and mode (2)
     run = analyze(store)
     assert sorted(r.trace_id for r in run.requests) == sorted(gen.by_trace())
 

@@ -127,13 +127,14 @@ def test_thread_sample_reads_this_process_from_proc():
     try:
         b, exp = make("push", "prefill", "scheduler")
         b.sample_threads()
+        sum(i * i for i in range(2_000_000))  # the main thread uses CPU between samples
         b.sample_threads()
     finally:
         stop.set()
         spinner.join()
     first, second = _process_spans(exp, semconv.SPAN_ENGINE_THREADS)
     assert second.start_time == first.end_time  # consecutive sample windows
-    a = second.attributes
+    a = first.attributes
     n = len(a[semconv.THREAD_TID])
     assert n == len(a[semconv.THREAD_CPU_MS]) == len(a[semconv.THREAD_ROLE])
     rows = list(
@@ -155,3 +156,24 @@ def test_thread_sample_reads_this_process_from_proc():
     mine = a[semconv.THREAD_TID].index(me)
     assert a[semconv.THREAD_CPU_MS][mine] > 0  # pytest's main thread has used CPU
     assert a[semconv.THREAD_AFFINITY][mine]
+    # the second sample lists only threads that used CPU since the first: not the
+    # spinner, which only waited
+    assert spinner.native_id not in list(second.attributes[semconv.THREAD_TID])
+    assert len(second.attributes[semconv.THREAD_TID]) < n
+
+
+def test_native_threads_found_at_start_keep_their_role():
+    """NIXL's progress thread has no name the OS knows: the connector hands its id over."""
+    from tracedpush.telemetry.threads import sample_process
+
+    stop = threading.Event()
+    other = threading.Thread(target=lambda: stop.wait(5))
+    other.start()
+    try:
+        rows = sample_process(os.getpid(), "worker", None, {other.native_id: "nixl"})
+    finally:
+        stop.set()
+        other.join()
+    roles = {r.tid: r.role for r in rows}
+    assert roles[other.native_id] == "nixl"
+    assert roles[os.getpid()] == "model_runner"

@@ -20,7 +20,8 @@ trace files::
 Modules: `model` (spans and answer dataclasses), `otlp` (OTLP/Jaeger JSON decoding),
 `load` (`TraceStore`), `jaeger` (HTTP source), `timeline` (lanes, load, buckets), `skew`
 (clock offsets), `critical_path`, `analyze`, `compare`, `perfetto`, `report` (tables),
-`synthetic` (realistic generated traces), `phases` (phase names), `command` (CLI).
+`synthetic` (realistic generated traces), `phases` (phase names), `command` (CLI),
+`steps` (engine steps and thread samples), `tpot` (TPOT attribution), `contention`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ from tracedpush.analysis.model import (
 )
 from tracedpush.analysis.perfetto import to_perfetto
 from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
+from tracedpush.analysis.steps import EngineStep, EngineSteps, ThreadSample
+from tracedpush.analysis.tpot import explain_tpot_delta, top_mechanisms
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -54,6 +57,8 @@ __all__ = [
     "ClockOffset",
     "Comparison",
     "ComparisonGroup",
+    "EngineStep",
+    "EngineSteps",
     "Event",
     "FileSource",
     "LoadStats",
@@ -64,11 +69,14 @@ __all__ = [
     "Segment",
     "Span",
     "SpanView",
+    "ThreadSample",
     "TraceStore",
     "TtftAccount",
     "analyze",
     "compare",
     "explain_delta",
+    "explain_tpot_delta",
     "phases",
     "to_perfetto",
+    "top_mechanisms",
 ]

@@ -11,7 +11,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from tracedpush import semconv as sc
-from tracedpush.analysis import skew
+from tracedpush.analysis import skew, tpot
+from tracedpush.analysis import steps as steps_mod
 from tracedpush.analysis._gc import paused_gc
 from tracedpush.analysis.critical_path import critical_path, engine_phases
 from tracedpush.analysis.load import TraceStore
@@ -40,6 +41,7 @@ from tracedpush.analysis.timeline import (
 __all__ = ["DEFAULT_BUCKETS", "DEFAULT_LOAD_BUCKETS", "analyze"]
 
 _STATUS_NAMES = {STATUS_OK: "ok", STATUS_ERROR: "error"}
+_PROCESS_SPANS = frozenset(sc.PROCESS_SPANS)
 
 Source = TraceStore | Mapping[str, Iterable[Span]] | Iterable[Span]
 
@@ -96,7 +98,15 @@ def _analyze(
     skew_policy: str,
 ) -> RunAnalysis:
     items, stats, where = _traces(source)
-    indexes = [TraceIndex(tid, ss) for tid, ss in items if ss]
+    # per-process step traces (engine.steps, engine.threads) are not requests
+    process_spans: list[Span] = []
+    indexes = []
+    for tid, ss in items:
+        req = [s for s in ss if s.name not in _PROCESS_SPANS]
+        if len(req) != len(ss):
+            process_spans += [s for s in ss if s.name in _PROCESS_SPANS]
+        if req:
+            indexes.append(TraceIndex(tid, req))
     resources = {id(s.resource): s.resource for ix in indexes for s in ix.spans}
     dom = skew.domains(resources.values())
     ref = _reference(indexes, dom)
@@ -107,6 +117,13 @@ def _analyze(
     load = LoadCounter((ix.root.start_ns, ix.root.end_ns) for ix in indexes if ix.root is not None)
     requests = [_request(ix, off_ns, load, buckets, load_buckets, spans) for ix in indexes]
     requests.sort(key=lambda r: r.start_unix_ms)
+    engine_steps = steps_mod.placed(process_spans, resources.values(), applied)
+    tpot.attach(
+        requests,
+        {ix.trace_id: ix for ix in indexes},
+        engine_steps,
+        lambda s: off_ns.get(id(s.resource), 0),
+    )
     return RunAnalysis(
         requests=requests,
         clock_offsets=offsets,
@@ -116,6 +133,7 @@ def _analyze(
         buckets=tuple(buckets),
         load_buckets=tuple(load_buckets),
         source=where,
+        engine_steps=engine_steps,
     )
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from tracedpush.analysis import phases as ph
 from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
 from tracedpush.analysis.timeline import bucket_labels, load_labels
+from tracedpush.analysis.tpot import TpotAccount, tpot_account
 
 ALL = "all"
 
@@ -132,6 +133,7 @@ class ComparisonGroup:
     ttft_mean_delta_ms: float | None = None  # mean TTFT b - a (= sum of delta)
     ttft_p50_delta_ms: float | None = None
     account: TtftAccount | None = None  # a - b, per phase (both modes present)
+    tpot_account: TpotAccount | None = None  # a - b, per TPOT mechanism (tpot.py)
 
     def to_json(self) -> dict[str, Any]:
         def rnd(d: dict[str, float | None]) -> dict[str, float | None]:
@@ -152,6 +154,7 @@ class ComparisonGroup:
             else round(self.ttft_p50_delta_ms, 4),
             "delta": [d.to_json() for d in self.delta],
             "ttft_account": None if self.account is None else self.account.to_json(),
+            "tpot_account": None if self.tpot_account is None else self.tpot_account.to_json(),
         }
 
 
@@ -235,6 +238,7 @@ def _group(
         if ta["p50"] is not None and tb["p50"] is not None:
             g.ttft_p50_delta_ms = tb["p50"] - ta["p50"]
         g.account = _account(phases, means, ttft, a, b)
+        g.tpot_account = tpot_account(by_mode, a, b)
     return g
 
 

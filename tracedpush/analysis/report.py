@@ -62,7 +62,13 @@ def render(run: RunAnalysis, *, slowest: int = 10, cmp: Comparison | None = None
             if g.account is not None:
                 out.append(_delta(cmp, g))
         out.append(_phases(cmp))
+        for g in ([overall] if overall is not None else []) + cmp.by_load():
+            if g.tpot_account is not None:
+                out.append(_tpot_delta(cmp, g))
         out.append(_slowest(run, slowest))
+    if run.engine_steps:
+        out.append(_engine_steps(run))
+        out.append(_contention(run))
         problems = _problems(run)
         if problems:
             out.append(problems)
@@ -274,3 +280,121 @@ def _problems(run: RunAnalysis) -> str:
         return ""
     rows = [[p[:100], n] for p, n in counts.most_common(10)]
     return _section("Problems (requests affected)", table(["problem", "requests"], rows))
+
+
+def _tpot_delta(cmp: Comparison, g: ComparisonGroup) -> str:
+    """The TPOT difference a - b of one group per mechanism (tpot_breakdown_ms)."""
+    from tracedpush.analysis.tpot import explain_tpot_delta
+
+    acc = g.tpot_account
+    assert acc is not None
+    a, b = cmp.a, cmp.b
+    rows: list[list[Any]] = [
+        [
+            r.mechanism,
+            r.a_mean_ms,
+            r.b_mean_ms,
+            r.mean_delta_ms,
+            r.a_p50_ms,
+            r.b_p50_ms,
+            r.p50_delta_ms,
+        ]
+        for r in acc.rows
+    ]
+    rows.append(
+        [
+            "= TPOT",
+            acc.a_tpot_mean_ms,
+            acc.b_tpot_mean_ms,
+            acc.tpot_mean_delta_ms,
+            None,
+            None,
+            acc.tpot_p50_delta_ms,
+        ]
+    )
+    rows.append(
+        ["(p50s do not add: remainder)", None, None, None, None, None, acc.p50_remainder_ms]
+    )
+    h = [
+        "mechanism",
+        f"{a} mean",
+        f"{b} mean",
+        f"{a} - {b} mean",
+        f"{a} p50",
+        f"{b} p50",
+        f"{a} - {b} p50",
+    ]
+    n = f"n {a} {acc.n.get(a, 0)}, {b} {acc.n.get(b, 0)}"
+    title = f"Where the TPOT difference goes ({describe_group(g)}; {a} - {b}, ms; {n})"
+    text = explain_tpot_delta(acc, a, b, where=describe_group(g))
+    return _section(title, text + "\n" + table(h, rows))
+
+
+def _engine_steps(run: RunAnalysis) -> str:
+    assert run.engine_steps is not None
+    rows = [
+        [
+            eid,
+            d["role"],
+            d["host"],
+            d["steps"],
+            d["busy_steps"],
+            d["median_busy_step_ms"],
+            d["solo_forward_ms"],
+            d["step_ms_total"],
+            None if d["connector_share"] is None else 100.0 * d["connector_share"],
+            d["loads_started"],
+            d["loads_finished"],
+        ]
+        for eid, d in run.engine_steps.summary().items()
+    ]
+    h = [
+        "engine",
+        "role",
+        "host",
+        "steps",
+        "busy",
+        "median busy step ms",
+        "solo forward ms",
+        "step ms total",
+        "connector %",
+        "loads started",
+        "loads finished",
+    ]
+    return _section("Engine steps (per engine, from engine.steps)", table(h, rows))
+
+
+def _contention(run: RunAnalysis, top: int = 15) -> str:
+    c = run.contention()
+    if not c:
+        return _section("Contention", "no thread samples (engine.threads) in these traces")
+    lines = [f"- {f.text}" for f in c.findings] or ["- no contention found"]
+    cost = c.cost
+    ratio = cost.thread_ratio
+    lines.append(
+        f"- tracedpush's own threads used {cost.tracedpush_cpu_ms / 1000.0:.2f} s of CPU, "
+        + ("-" if ratio is None else f"{100.0 * ratio:.2f}%")
+        + f" of the engine processes' {cost.engine_cpu_ms / 1000.0:.1f} s; hooks recorded "
+        f"{cost.events} events on engine threads"
+    )
+    rows = []
+    for t in c.threads[:top]:
+        if t.cpu_ms <= 0:
+            continue
+        share = t.busy_core_share() or t.core_share()
+        cores = ", ".join(f"{core}: {100.0 * v:.0f}%" for core, v in share.items())
+        rows.append(
+            [
+                t.engine_id,
+                t.process,
+                t.pid,
+                t.name[:28],
+                t.role,
+                t.cpu_ms / 1000.0,
+                cores,
+                t.affinity,
+            ]
+        )
+    h = ["engine", "process", "pid", "thread", "role", "CPU s", "cores (busy samples)", "affinity"]
+    body = "\n".join(lines) + "\n\n" + table(h, rows)
+    return _section("Contention (CPU per thread over the run, from engine.threads)", body)

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracedpush.analysis.model import ClockOffset, LoadStats, Segment, SpanView
+
+if TYPE_CHECKING:
+    from tracedpush.analysis.contention import Contention
+    from tracedpush.analysis.steps import EngineSteps
 
 JSON_VERSION = 2  # bump when docs/report.md's JSON format changes incompatibly
 
@@ -46,6 +50,9 @@ class RequestAnalysis:
     # {"prefill": {phase: ms}, "decode": {phase: ms}} (critical_path.engine_phases)
     engine_phases_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     prefill_steps: int | None = None  # engine steps that computed the prefill (on P)
+    # TPOT split over D's engine steps in the decode window (tpot.breakdown): {"model
+    # forward", "batch sharing", "connector", "scheduling and other": ms}, sums to tpot_ms
+    tpot_breakdown_ms: dict[str, float] | None = None
 
     def phase_ms(self) -> dict[str, float]:
         """Critical-path milliseconds per phase (a phase can occur more than once)."""
@@ -99,6 +106,9 @@ class RequestAnalysis:
                 for role, d in self.engine_phases_ms.items()
             },
             "prefill_steps": self.prefill_steps,
+            "tpot_breakdown_ms": None
+            if self.tpot_breakdown_ms is None
+            else {k: round(v, 4) for k, v in self.tpot_breakdown_ms.items()},
         }
         if spans:
             out["spans"] = [s.to_json() for s in self.spans]
@@ -121,6 +131,8 @@ class RunAnalysis:
     load_buckets: tuple[int, ...] = ()
     source: str = ""
     skew_policy: str = "midpoint"
+    # per-process step traces (engine.steps / engine.threads), placed on the proxy clock
+    engine_steps: EngineSteps | None = field(default=None, repr=False)
     _index: dict[str, RequestAnalysis] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -191,4 +203,12 @@ class RunAnalysis:
             "clock_offsets_ms": {k: v.to_json() for k, v in self.clock_offsets.items()},
             "requests": [r.to_json(spans=spans) for r in self.requests],
             "comparison": compare(self).to_json(),
+            "engine_steps": self.engine_steps.summary() if self.engine_steps else {},
+            "contention": self.contention().to_json(),
         }
+
+    def contention(self, *, event_cost_us: float | None = None) -> Contention:
+        """CPU per engine process and thread, cores, findings (`contention`)."""
+        from tracedpush.analysis.contention import contention
+
+        return contention(self.engine_steps or [], event_cost_us=event_cost_us)

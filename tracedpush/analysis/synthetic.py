@@ -233,6 +233,8 @@ def generate(
     drop_spans: Mapping[str, float] | None = None,
     registration_late: float = 0.15,
     http_received: bool = True,
+    engine_steps: bool = True,
+    unpinned_decode: bool = False,
 ) -> SyntheticRun:
     """Simulate `n_requests` split evenly over `modes`, one run per mode, in sequence.
 
@@ -244,6 +246,9 @@ def generate(
     finished prefill (D admission delayed), so both rendezvous orders occur.
     `http_received=False`: engines without the HTTP middleware (and traces from before
     it): no ``http_received`` events, engine spans start at vLLM's arrival time.
+    `engine_steps`: add the per-process step traces (``engine.steps``, ``engine.threads``;
+    see `synthetic_steps`). `unpinned_decode`: D's EngineCore thread may run on P's core
+    (give both engines one host with `hosts` to see it as cross-engine contention).
     """
     rng = random.Random(seed)
     offsets_ns = {k: round(v * 1e6) for k, v in (clock_offsets_ms or {}).items()}
@@ -279,6 +284,12 @@ def generate(
             outs = rng.randint(*output_tokens)
             requests.append(sim.request(f"{mode}-{i:05d}", t, prompts[i], outs, first=i == 0))
         t0 = sim.last_end_ms + 1000.0
+        if engine_steps:
+            from tracedpush.analysis.synthetic_steps import add_process_traces
+
+            add_process_traces(
+                em, procs, mode, seed=seed * 7919 + mi, unpinned_decode=unpinned_decode
+            )
         for key, proc in procs.items():
             if proc.spans:
                 files[f"{mode}/{proc.service}-{key}-{proc.pid}.jsonl"] = _lines(proc, batch)

@@ -32,7 +32,7 @@ class TracedConfig:
     traces_dir: str | None = None
     service_name: str | None = None
     stale_after_s: float = 120.0
-    interval_ms: float = 50.0
+    interval_ms: float = 100.0
     sample_threads: bool = True  # engine.threads: /proc CPU per thread, once a second
 
     @classmethod

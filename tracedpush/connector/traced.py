@@ -32,6 +32,7 @@ from tracedpush.telemetry import events as ev
 from tracedpush.telemetry.builder import BuilderConfig
 from tracedpush.telemetry.export import SpanSink, build_exporters, make_resource
 from tracedpush.telemetry.pipeline import Pipeline
+from tracedpush.telemetry.threads import native_thread_ids, python_thread_ids
 
 log = logging.getLogger("tracedpush.connector")
 
@@ -48,7 +49,11 @@ class TracedConnectorMixin:
     _TRACEDPUSH_MODE = "pull"
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
+        before = native_thread_ids()
         super().__init__(vllm_config, role, kv_cache_config)  # type: ignore[call-arg]
+        # Native threads vLLM's worker started while building the NIXL agent (its UCX
+        # progress thread): named so in `engine.threads`, since the OS calls them nothing.
+        self._tp_nixl_tids = native_thread_ids() - before - python_thread_ids()
         self._tp_pipeline: Pipeline | None = None
         self._tp_record = None
         self._tp_outbox: list[tuple] = []
@@ -108,6 +113,7 @@ class TracedConnectorMixin:
             sink,
             interval_s=config.interval_ms / 1000,
             sample_threads=config.sample_threads,
+            thread_roles=dict.fromkeys(self._tp_nixl_tids if worker is not None else (), "nixl"),
         )
         record = self._tp_record = self._tp_pipeline.record
         if worker is not None:

@@ -106,9 +106,14 @@ class SpanBuilder:
         self.process.flush_steps(out)
         self._flush(out)
 
-    def sample_threads(self, now_ns: int | None = None, events_recorded: int = 0) -> None:
+    def sample_threads(
+        self,
+        now_ns: int | None = None,
+        events_recorded: int = 0,
+        known_roles: dict[int, str] | None = None,
+    ) -> None:
         """One `engine.threads` span from /proc (the pipeline calls this about once a second)."""
-        rows = sample_engine(self.cfg.side)
+        rows = sample_engine(self.cfg.side, known_roles)
         span = self.process.threads_span(rows, now_ns or time.time_ns(), events_recorded)
         if span is not None:
             self._flush([span])

@@ -87,7 +87,7 @@ class ExportWorker:
         self._wake.set()
 
     def _run(self) -> None:
-        name_os_thread(f"tracedpush-x-{self.name}")
+        name_os_thread(f"tracedpush-exp{self.name[:1]}")  # 15 bytes at most
         while True:
             self._wake.wait(timeout=1.0)
             self._wake.clear()

@@ -32,10 +32,11 @@ class Pipeline:
         resource: Resource,
         sink: SpanSink,
         *,
-        interval_s: float = 0.05,
+        interval_s: float = 0.1,
         sweep_every_s: float = 1.0,
         max_backlog: int = 1_000_000,
         sample_threads: bool = False,
+        thread_roles: dict[int, str] | None = None,
     ) -> None:
         self.recorder = Recorder()
         self.record = self.recorder.record
@@ -44,6 +45,7 @@ class Pipeline:
         self.interval_s = interval_s
         self.sweep_every_s = sweep_every_s
         self.sample_threads = sample_threads  # an /proc sample of our threads each sweep
+        self.thread_roles = thread_roles or {}  # native threads identified at start (NIXL's)
         self.max_backlog = max_backlog
         self.events_dropped = 0
         self.events_recorded = 0  # drained so far: what the engine threads recorded
@@ -57,7 +59,7 @@ class Pipeline:
         atexit.register(self.shutdown)
 
     def _run(self) -> None:
-        name_os_thread(f"tracedpush-b-{self.builder.cfg.side}")
+        name_os_thread(f"tracedpush-bld{self.builder.cfg.side[0]}")  # 15 bytes at most
         last_sweep = time.monotonic()
         while not self._stop.wait(self.interval_s):
             self.pump()
@@ -66,7 +68,12 @@ class Pipeline:
                 with self._lock:
                     self._guard(self.builder.sweep)
                     if self.sample_threads:
-                        self._guard(self.builder.sample_threads, None, self.events_recorded)
+                        self._guard(
+                            self.builder.sample_threads,
+                            None,
+                            self.events_recorded,
+                            self.thread_roles,
+                        )
 
     def pump(self) -> None:
         """Drain and build now (the thread calls this; tests may too)."""

@@ -33,6 +33,7 @@ class ProcessSpans:
         self._sched: list[ev.SchedStep] = []
         self._worker: list[ev.WorkerStep] = []
         self._last_sample_ns = 0
+        self._last_cpu: dict[tuple[int, int], float] = {}
 
     def on_sched_step(self, e: ev.SchedStep) -> None:
         self._sched.append(e)
@@ -99,6 +100,11 @@ class ProcessSpans:
         self, rows: list[ThreadRow], now_ns: int, events_recorded: int = 0
     ) -> ReadableSpan | None:
         start, self._last_sample_ns = self._last_sample_ns or now_ns, now_ns
+        # Only threads that are new or used CPU since the last sample: most of an
+        # engine's ~80 threads (idle pools) never do, and cumulative values still give
+        # exact deltas between the samples a thread appears in.
+        last, self._last_cpu = self._last_cpu, {(r.pid, r.tid): r.cpu_ms for r in rows}
+        rows = [r for r in rows if last.get((r.pid, r.tid)) != r.cpu_ms]
         if not rows:
             return None
         attrs = self._base_attrs()

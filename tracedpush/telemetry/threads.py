@@ -28,6 +28,18 @@ class ThreadRow:
     affinity: str  # e.g. "0" or "0-1"
 
 
+def native_thread_ids() -> set[int]:
+    """OS ids of every thread of this process."""
+    try:
+        return {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
+
+
+def python_thread_ids() -> set[int]:
+    return {t.native_id for t in threading.enumerate() if t.native_id is not None}
+
+
 def name_os_thread(name: str) -> None:
     """Give the calling thread an OS name (`comm`, 15 bytes), so `top -H`, `ps -L` and
     /proc show our threads as ours. Best effort: silently nothing off Linux."""
@@ -36,6 +48,20 @@ def name_os_thread(name: str) -> None:
             f.write(name[:15])
     except OSError:
         pass
+
+
+_CORES_TEXT: dict[frozenset[int], str] = {}
+
+
+def affinity_text(tid: int) -> str:
+    try:
+        cores = frozenset(os.sched_getaffinity(tid))
+    except OSError:
+        return ""
+    text = _CORES_TEXT.get(cores)
+    if text is None:
+        text = _CORES_TEXT[cores] = cores_text(cores)
+    return text
 
 
 def cores_text(cores: set[int] | frozenset[int]) -> str:
@@ -56,10 +82,15 @@ def cores_text(cores: set[int] | frozenset[int]) -> str:
 
 def _read_stat(pid: int, tid: int) -> tuple[str, float, int] | None:
     try:
-        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-            raw = f.read()
+        fd = os.open(f"/proc/{pid}/task/{tid}/stat", os.O_RDONLY)
     except OSError:
         return None
+    try:
+        raw = os.read(fd, 1024)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     lpar, rpar = raw.find(b"("), raw.rfind(b")")
     comm = raw[lpar + 1 : rpar].decode("utf-8", "replace")
     fields = raw[rpar + 2 :].split()
@@ -72,7 +103,9 @@ def _read_stat(pid: int, tid: int) -> tuple[str, float, int] | None:
     return comm, cpu_ms, core
 
 
-def _role(process: str, pid: int, tid: int, name: str, python: bool) -> str:
+def _role(process: str, pid: int, tid: int, name: str, python: bool, known: dict[int, str]) -> str:
+    if not python and tid in known:
+        return known[tid]
     if name.startswith("tracedpush"):
         return "tracedpush"
     if name == "nixl-push-writer":
@@ -84,8 +117,14 @@ def _role(process: str, pid: int, tid: int, name: str, python: bool) -> str:
     return "other"
 
 
-def sample_process(pid: int, process: str, python_names: dict[int, str] | None) -> list[ThreadRow]:
-    """One row per thread of `pid`; `python_names` maps native ids to Python names."""
+def sample_process(
+    pid: int,
+    process: str,
+    python_names: dict[int, str] | None,
+    known_roles: dict[int, str] | None = None,
+) -> list[ThreadRow]:
+    """One row per thread of `pid`; `python_names` maps native ids to Python names,
+    `known_roles` gives the role of native threads identified otherwise (NIXL's)."""
     try:
         tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
     except OSError:
@@ -98,21 +137,18 @@ def sample_process(pid: int, process: str, python_names: dict[int, str] | None) 
         comm, cpu_ms, core = stat
         py_name = python_names.get(tid) if python_names else None
         name = py_name or comm
-        try:
-            affinity = cores_text(os.sched_getaffinity(tid))
-        except OSError:
-            affinity = ""
-        role = _role(process, pid, tid, name, py_name is not None)
+        affinity = affinity_text(tid)
+        role = _role(process, pid, tid, name, py_name is not None, known_roles or {})
         rows.append(ThreadRow(pid, tid, process, name, role, cpu_ms, core, affinity))
     return rows
 
 
-def sample_engine(side: str) -> list[ThreadRow]:
+def sample_engine(side: str, known_roles: dict[int, str] | None = None) -> list[ThreadRow]:
     """This process's threads, and for the scheduler side also its parent's (the API server)."""
     me = os.getpid()
     names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
     if side == "worker":
-        return sample_process(me, "worker", names)
+        return sample_process(me, "worker", names, known_roles)
     rows = sample_process(me, "engine_core", names)
     parent = os.getppid()
     if parent > 1:

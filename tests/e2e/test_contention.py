@@ -1,0 +1,64 @@
+"""The report names cross-engine CPU contention when the engines are not pinned.
+
+This reproduces the launcher's old partial pinning (`TRACEDPUSH_PIN_ENGINE_TREE=0`:
+vLLM binds only each worker's OpenMP threads, so the API servers and EngineCores of
+both engines float over both cores) on a real push 1P1D under load, and checks that the
+report's contention findings name an engine's process running on the other engine's
+compute core, from the engines' own `engine.threads` samples. The pinned deployments of
+the other e2e tests must produce no such finding (see test_under_load.py).
+
+It runs before the shared deployments start (it has no `pd` marker), on its own ports,
+under the session's engines lock.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tracedpush.analysis import TraceStore, analyze
+from tracedpush.bench.workload import PromptMaker, run_workload
+from tracedpush.launcher import Deployment, DeploymentConfig
+from tracedpush.launcher.affinity import PIN_ENV
+from tracedpush.launcher.servers import traced_connectors_available
+from tracedpush.model.build import ensure_model
+
+PORTS = {
+    "proxy_port": 18300,
+    "prefill_port": 18400,
+    "decode_port": 18500,
+    "prefill_side_channel_port": 15800,
+    "decode_side_channel_port": 15900,
+}
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+
+
+def test_unpinned_engines_are_named_as_contending(tmp_path: Path) -> None:
+    if not traced_connectors_available():
+        pytest.skip("the traced connectors are not installed")
+    config = DeploymentConfig(
+        mode="push",
+        model=ensure_model(None),
+        run_dir=tmp_path / "run",
+        traces_dir=tmp_path / "traces",
+        trace=True,
+        env={PIN_ENV: "0"},
+        **PORTS,
+    )
+    prompts = PromptMaker(config.model, seed=5).mix([512, 1024], 24)
+    with Deployment(config) as d:
+        results = run_workload(d.proxy_url, prompts, 8, 8, model=d.model_name)
+        assert all(r.ok for r in results), [r.to_dict() for r in results if not r.ok][:2]
+        time.sleep(3.0)  # the last thread samples (about one a second) and sweeps
+    run = analyze(TraceStore.from_path(config.traces_dir), spans=False)
+    found = run.contention()
+    assert found, "no engine.threads samples in the traces"
+    # the affinity the samples report: the float is visible in the data itself
+    floating = [t for t in found.threads if t.process != "worker" and "-" in t.affinity]
+    assert floating, "unpinned API servers / EngineCores should be allowed on 0-1"
+    cross = [f for f in found.findings if f.kind == "cross_engine"]
+    assert cross, [f.text for f in found.findings]
+    print("\n" + "\n".join(f.text for f in cross))

@@ -1,0 +1,74 @@
+"""Contention from engine.threads samples: the unpinned case is named, the pinned not."""
+
+from __future__ import annotations
+
+import pytest
+
+from tracedpush.analysis import TraceStore, analyze, synthetic
+from tracedpush.analysis.report import render
+
+SAME_HOST = {synthetic.PREFILL_INSTANCE: "vm", synthetic.DECODE_INSTANCE: "vm"}
+
+
+def _run(**kw):
+    gen = synthetic.generate(60, seed=5, modes=("push",), hosts=SAME_HOST, **kw)
+    return analyze(TraceStore.from_documents(gen.documents))
+
+
+@pytest.fixture(scope="module")
+def unpinned():
+    return _run(unpinned_decode=True)
+
+
+@pytest.fixture(scope="module")
+def pinned():
+    return _run()
+
+
+def test_unpinned_decode_engine_core_on_prefill_core_is_named(unpinned) -> None:
+    c = unpinned.contention()
+    cross = [f for f in c.findings if f.kind == "cross_engine"]
+    assert cross, [f.text for f in c.findings]
+    f = cross[0]
+    assert f.engine_id == synthetic.PREFILL_INSTANCE
+    assert f.details["intruder_engine_id"] == synthetic.DECODE_INSTANCE
+    assert f.details["intruder_role"] == "engine_core"
+    assert f.details["cores"] == [0]
+    assert "decode engine_core" in f.text and "core 0" in f.text
+    assert "prefill model runner" in f.text and "s of CPU" in f.text
+    report = render(unpinned)
+    assert "Contention" in report and f.text in report
+    js = unpinned.to_json()["contention"]
+    assert js["findings"][0]["kind"] == "cross_engine"
+
+
+def test_pinned_has_no_cross_engine_finding(pinned) -> None:
+    c = pinned.contention()
+    assert c.samples > 0
+    assert not [f for f in c.findings if f.kind == "cross_engine"]
+
+
+def test_other_hosts_never_contend() -> None:
+    gen = synthetic.generate(30, seed=6, modes=("push",), unpinned_decode=True)
+    run = analyze(TraceStore.from_documents(gen.documents))
+    assert not [f for f in run.contention().findings if f.kind == "cross_engine"]
+
+
+def test_cpu_per_thread_and_tracing_cost(pinned) -> None:
+    c = pinned.contention()
+    by_role = {}
+    for t in c.threads:
+        by_role.setdefault((t.engine_role, t.role), []).append(t)
+    runner = by_role[("prefill", "model_runner")][0]
+    assert runner.cpu_ms > 0 and runner.core_share() == {0: 1.0}
+    assert by_role[("decode", "model_runner")][0].core_share() == {1: 1.0}
+    assert runner.affinity == "0"
+    cost = c.cost
+    assert 0 < cost.tracedpush_cpu_ms < cost.engine_cpu_ms
+    assert cost.thread_ratio == pytest.approx(cost.tracedpush_cpu_ms / cost.engine_cpu_ms)
+    assert cost.events > 0
+    with_hooks = pinned.contention(event_cost_us=1.0).cost
+    assert with_hooks.ratio > with_hooks.thread_ratio
+    js = c.to_json()
+    assert js["tracedpush_cost"]["thread_ratio"] < 0.05
+    assert {p["process"] for p in js["processes"]} == {"engine_core", "api_server", "worker"}

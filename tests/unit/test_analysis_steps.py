@@ -1,0 +1,193 @@
+"""Per-process step traces: loading, joining, array attributes, TPOT attribution."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tracedpush import semconv as sc
+from tracedpush.analysis import TraceStore, analyze, synthetic
+from tracedpush.analysis.compare import compare
+from tracedpush.analysis.model import LoadStats
+from tracedpush.analysis.otlp import Decoder, _jaeger_tags
+from tracedpush.analysis.steps import EngineSteps, array, join, steps_from_span
+from tracedpush.analysis.tpot import KEYS, breakdown, explain_tpot_delta, top_mechanisms
+
+
+@pytest.fixture(scope="module")
+def gen() -> synthetic.SyntheticRun:
+    return synthetic.generate(120, seed=31, clock_offsets_ms={synthetic.DECODE_INSTANCE: 40})
+
+
+@pytest.fixture(scope="module")
+def run(gen: synthetic.SyntheticRun):
+    return analyze(TraceStore.from_documents(gen.documents))
+
+
+def _steps_doc(side: str, arrays: dict[str, list]) -> dict:
+    def val(v):
+        return {"intValue": str(v)} if isinstance(v, int) else {"stringValue": v}
+
+    pid = "7" if side == "worker" else "6"
+    attrs = [
+        {"key": sc.ENGINE_ID, "value": {"stringValue": "decode-9"}},
+        {"key": sc.ROLE, "value": {"stringValue": "decode"}},
+        {"key": sc.SIDE, "value": {"stringValue": side}},
+    ] + [
+        {"key": k, "value": {"arrayValue": {"values": [val(x) for x in v]}}}
+        for k, v in arrays.items()
+    ]
+    return {
+        "resourceSpans": [
+            {
+                "resource": {
+                    "attributes": [
+                        {"key": "service.name", "value": {"stringValue": "vllm-decode"}},
+                        {"key": "service.instance.id", "value": {"stringValue": "decode-9"}},
+                        {"key": "host.name", "value": {"stringValue": "h"}},
+                        {"key": "process.pid", "value": {"intValue": pid}},
+                    ]
+                },
+                "scopeSpans": [
+                    {
+                        "spans": [
+                            {
+                                "traceId": ("ab" if side == "worker" else "cd") * 16,
+                                "spanId": ("01" if side == "worker" else "02") * 8,
+                                "name": sc.SPAN_ENGINE_STEPS,
+                                "kind": 1,
+                                "startTimeUnixNano": "1000",
+                                "endTimeUnixNano": "2000",
+                                "attributes": attrs,
+                            }
+                        ]
+                    }
+                ],
+            }
+        ]
+    }
+
+
+def test_array_attributes_decode_and_steps_join() -> None:
+    t0 = 1_700_000_000_000_000_000
+    sched = _steps_doc(
+        "scheduler",
+        {
+            sc.STEP_SEQ: [1, 2],
+            sc.STEP_START_NS: [t0, t0 + 10_000_000],
+            sc.STEP_PREFILL_TOKENS: [0, 0],
+            sc.STEP_DECODE_REQS: [1, 3],
+            sc.STEP_NUM_REQS: [1, 3],
+        },
+    )
+    work = _steps_doc(
+        "worker",
+        {
+            sc.STEP_SEQ: [1, 2],
+            sc.STEP_START_NS: [t0 + 50_000, t0 + 10_050_000],
+            sc.STEP_DURATION_US: [8000, 9000],
+            sc.STEP_CONNECTOR_US: [300, 500],
+            sc.STEP_BIND_US: [10, 10],
+            sc.STEP_LOAD_US: [100, 200],
+            sc.STEP_SAVE_US: [5, 5],
+            sc.STEP_RESULTS_US: [185, 285],
+            sc.STEP_LOADS_STARTED: [1, 0],
+            sc.STEP_LOADS_FINISHED: [0, 1],
+        },
+    )
+    spans = []
+    Decoder(spans.append, LoadStats()).document([sched, work])
+    assert spans[1].attributes[sc.STEP_DURATION_US] == [8000, 9000]  # arrayValue -> list
+    store = EngineSteps.from_spans(spans)
+    (s1, s2) = store.steps["decode-9"]
+    assert (s1.seq, s1.decode_reqs, s1.duration_us, s1.connector_us) == (1, 1, 8000, 300)
+    assert s1.scheduled_ns == t0 and s1.start_ns == t0 + 50_000
+    assert s1.end_ns == t0 + 50_000 + 8_000_000 and s1.forward_us == 7700
+    assert (s2.decode_reqs, s2.loads_finished, s2.load_us) == (3, 1, 200)
+    assert store.solo_forward_us("decode-9") == 7700  # the 1-request step
+    # nothing here is a request
+    assert analyze(TraceStore.from_documents([sched, work])).requests == []
+
+
+def test_jaeger_legacy_arrays_are_json_strings() -> None:
+    tags = _jaeger_tags([{"key": sc.STEP_SEQ, "type": "string", "value": "[1,2,3]"}])
+    assert array(tags[sc.STEP_SEQ]) == [1, 2, 3]
+    assert array('["a","b"]') == ["a", "b"]
+    assert array(None) == [] and array(5) == [5]
+
+
+def test_join_keeps_restarts_apart_and_drops_other_tp_ranks(gen) -> None:
+    spans = [
+        s
+        for s in TraceStore.from_documents(gen.documents).all_spans()
+        if s.name == sc.SPAN_ENGINE_STEPS and s.resource.instance == synthetic.DECODE_INSTANCE
+    ]
+    sched, work = [], []
+    for s in spans:
+        side, steps = steps_from_span(s)
+        (work if side == "worker" else sched).extend(steps)
+    # both modes' runs reuse the engine id: seq numbers repeat, yet every record joins
+    assert len({w.seq for w in work}) < len(work)
+    joined = join(sched, work)
+    assert all(s.has_worker and s.has_scheduler for s in joined)
+    assert all(s.scheduled_ns <= s.start_ns for s in joined)
+
+
+def test_process_spans_never_become_requests(gen, run) -> None:
+    assert len(run.requests) == len(gen.requests)
+    assert {r.trace_id for r in run.requests} == {r.trace_id for r in gen.requests}
+    for r in run.requests:
+        assert not any(v.name in sc.PROCESS_SPANS for v in r.spans)
+    assert run.engine_steps and set(run.engine_steps.steps) == {
+        synthetic.PREFILL_INSTANCE,
+        synthetic.DECODE_INSTANCE,
+    }
+    assert run.engine_steps.samples
+
+
+def test_tpot_breakdown_sums_to_tpot(run) -> None:
+    with_tpot = [r for r in run.requests if r.tpot_ms is not None]
+    assert with_tpot
+    for r in with_tpot:
+        b = r.tpot_breakdown_ms
+        assert b is not None and tuple(b) == KEYS
+        assert all(v >= 0 for v in b.values())
+        assert sum(b.values()) == pytest.approx(r.tpot_ms, rel=0.01)
+        # D's steps were placed on the proxy clock despite D's 40 ms skew: most of the
+        # window is forward, not "scheduling and other"
+        assert b["model forward"] + b["batch sharing"] > 0.6 * r.tpot_ms
+    js = json.loads(json.dumps(run.to_json()))
+    assert all(
+        abs(sum(q["tpot_breakdown_ms"].values()) - q["tpot_ms"]) <= 0.01 * q["tpot_ms"]
+        for q in js["requests"]
+        if q["tpot_ms"]
+    )
+    assert js["engine_steps"][synthetic.DECODE_INSTANCE]["steps"] > 0
+
+
+def test_breakdown_clips_at_window_edges(run) -> None:
+    store = run.engine_steps
+    eid = synthetic.DECODE_INSTANCE
+    s = store.worker_steps(eid)[len(store.worker_steps(eid)) // 2]
+    mid = (s.start_ns + s.end_ns) // 2
+    tpot = (s.end_ns - mid) / 1e6
+    b = breakdown(store, eid, mid, s.end_ns, tpot, 1)
+    assert sum(b.values()) == pytest.approx(tpot)
+    assert b["scheduling and other"] == pytest.approx(0.0, abs=1e-9)
+    assert b["connector"] == pytest.approx(s.connector_us / 1000 / 2, rel=1e-6)
+
+
+def test_tpot_difference_per_load(run) -> None:
+    cmp = compare(run)
+    g = cmp.overall
+    acc = g.tpot_account
+    assert acc is not None
+    assert sum(r.mean_delta_ms for r in acc.rows) == pytest.approx(acc.tpot_mean_delta_ms)
+    assert any(x.tpot_account is not None for x in cmp.by_load())
+    text = explain_tpot_delta(acc, where="over all requests")
+    assert "TPOT" in text and "ms" in text
+    top = top_mechanisms(acc)
+    assert top and all(k in KEYS for k, _ in top)
+    js = g.to_json()["tpot_account"]
+    assert [m["mechanism"] for m in js["mechanisms"]] == list(KEYS)

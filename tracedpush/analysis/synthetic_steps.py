@@ -1,0 +1,568 @@
+"""Per-process step traces for synthetic runs: ``engine.steps`` and ``engine.threads``.
+
+`add_process_traces` reads back the request spans `synthetic.generate` simulated for one
+mode (true clock) and derives what each engine process would have recorded:
+
+* P (FIFO prefill): one worker step per prefill chunk of each request, inside the
+  request's compute window (``compute_started`` -> prefill end); the scheduler's record
+  of the same seq carries the chunk's tokens.
+* D: back-to-back decode steps while any request decodes (its first token scheduled ->
+  its end), the period being the mean TPOT of the requests decoding then; each step is a
+  scheduling gap (10% of the period), connector calls and the forward. In pull, the
+  step in which D's model runner posts a request's READ (kv.desc_prep) carries that
+  descriptor prep as connector time; in push, D polls for notifications. While
+  requests only wait for their KV (push), D's loop keeps stepping with empty batches.
+* Thread samples, one a second per process (EngineCore + its API server, the worker),
+  with cumulative CPU consistent with that work, and cores: P on core 0, D on core 1,
+  each pinned. ``unpinned_decode=True`` lets D's EngineCore thread run on both cores
+  (affinity "0-1"); it is then on P's core in about half of its busy samples, and in push
+  mode it burns CPU while requests wait for pushed KV (the case issue 8 found by hand).
+
+Everything is emitted as spans of separate per-process traces (never request traces),
+in batches of about one second, with parallel array attributes as the producer does.
+"""
+
+from __future__ import annotations
+
+import random
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tracedpush import semconv as sc
+
+if TYPE_CHECKING:
+    from tracedpush.analysis.synthetic import _Emitter, _Proc
+
+P_CORE, D_CORE = 0, 1
+
+
+def _value(v: Any) -> dict[str, Any]:
+    if isinstance(v, bool):
+        return {"boolValue": v}
+    if isinstance(v, int):
+        return {"intValue": str(v)}
+    if isinstance(v, float):
+        return {"doubleValue": v}
+    if isinstance(v, list | tuple):
+        return {"arrayValue": {"values": [_value(x) for x in v]}}
+    return {"stringValue": str(v)}
+
+
+def _attrs(d: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [{"key": k, "value": _value(v)} for k, v in d.items() if v is not None]
+
+
+@dataclass(slots=True)
+class _Req:
+    trace_id: str
+    start: float  # proxy receipt
+    end: float  # last token at the proxy
+    outs: int
+    prompt: int = 0
+    p_compute: tuple[float, float] | None = None  # compute_started -> prefill end
+    p_steps: int = 1
+    d_arrival: float | None = None  # D's scheduler has it
+    d_first: float | None = None  # D scheduled its first token (decode end)
+    d_desc_prep: tuple[float, float] | None = None  # pull: D posts the READ
+    d_loaded: float | None = None  # D learned the KV arrived
+    writes: list[float] = field(default_factory=list)  # push: WRITE posted on P
+
+    @property
+    def tpot(self) -> float:
+        return max(self.end - 0.2 - (self.d_first or self.end), 0.0) / max(self.outs - 1, 1)
+
+
+@dataclass(slots=True)
+class _Step:
+    start: float
+    duration: float
+    connector: float
+    prefill_tokens: int = 0
+    decode_reqs: int = 0
+    num_reqs: int = 0
+    load_ms: float = 0.0
+    results_ms: float = 0.0
+    loads_started: int = 0
+    loads_finished: int = 0
+
+
+def _true_ms(em: _Emitter, proc: _Proc, ns: Any) -> float:
+    return (int(ns) - em.base_ns - em.offsets_ns.get(proc.instance, 0)) / 1e6
+
+
+def _event(em: _Emitter, proc: _Proc, span: dict[str, Any], name: str) -> float | None:
+    for ev in span.get("events") or ():
+        if ev["name"] == name:
+            return _true_ms(em, proc, ev["timeUnixNano"])
+    return None
+
+
+def _attr(span: dict[str, Any], key: str) -> Any:
+    for a in span.get("attributes") or ():
+        if a["key"] == key:
+            v = a["value"]
+            return int(v["intValue"]) if "intValue" in v else next(iter(v.values()))
+    return None
+
+
+def _requests(em: _Emitter, procs: Mapping[str, _Proc]) -> list[_Req]:
+    reqs: dict[str, _Req] = {}
+    proxy = procs["proxy"]
+    for _, s in proxy.spans:
+        if s["name"] != sc.SPAN_REQUEST:
+            continue
+        ft = _event(em, proxy, s, sc.EVENT_FIRST_TOKEN)
+        if ft is None:
+            continue
+        reqs[s["traceId"]] = _Req(
+            s["traceId"],
+            _true_ms(em, proxy, s["startTimeUnixNano"]),
+            _true_ms(em, proxy, s["endTimeUnixNano"]),
+            int(_attr(s, sc.OUTPUT_TOKENS) or 1),
+        )
+    for key in ("p_sched", "p_work", "d_sched", "d_work"):
+        proc = procs[key]
+        for _, s in proc.spans:
+            r = reqs.get(s["traceId"])
+            if r is None:
+                continue
+            start = _true_ms(em, proc, s["startTimeUnixNano"])
+            end = _true_ms(em, proc, s["endTimeUnixNano"])
+            name = s["name"]
+            if name == sc.SPAN_PREFILL:
+                cs = _event(em, proc, s, sc.EVENT_COMPUTE_STARTED)
+                r.p_compute = (cs if cs is not None else start, end - 0.2)
+                r.p_steps = int(_attr(s, sc.PREFILL_STEPS) or 1)
+                r.prompt = int(_attr(s, sc.PROMPT_TOKENS) or 0)
+            elif name == sc.SPAN_DECODE:
+                r.d_arrival = _event(em, proc, s, sc.EVENT_BLOCKS_ALLOCATED) or start
+                r.d_first = end
+            elif name == sc.SPAN_KV_DESC_PREP and key == "d_work":
+                r.d_desc_prep = (start, end)
+            elif name in (sc.SPAN_KV_READ, sc.SPAN_KV_NOTIFY) and key == "d_work":
+                r.d_loaded = end
+            elif name == sc.SPAN_KV_WRITE:
+                r.writes.append(start)
+    return [r for r in reqs.values() if r.d_first is not None]
+
+
+def _prefill_steps(reqs: Sequence[_Req]) -> list[_Step]:
+    steps = []
+    for r in sorted(reqs, key=lambda r: r.p_compute[0] if r.p_compute else 0.0):
+        if r.p_compute is None:
+            continue
+        t0, t1 = r.p_compute
+        n = max(r.p_steps, 1)
+        each = max(t1 - t0, 0.01) / n
+        tokens = [r.prompt // n + (i < r.prompt % n) for i in range(n)]
+        for i in range(n):
+            steps.append(
+                _Step(
+                    t0 + i * each,
+                    each * 0.98,
+                    min(0.05 + 0.01 * i, each * 0.5),
+                    prefill_tokens=tokens[i],
+                    num_reqs=1,
+                    results_ms=0.02,
+                )
+            )
+    return steps
+
+
+def _decode_steps(reqs: Sequence[_Req], mode: str) -> list[_Step]:
+    """D's steps: decode batches while any request decodes; empty steps while requests
+    only wait for their KV (push)."""
+    if not reqs:
+        return []
+    steps: list[_Step] = []
+    t = min(r.d_arrival or r.d_first or r.start for r in reqs)
+    t_end = max(r.end for r in reqs)
+    prep = sorted((r.d_desc_prep for r in reqs if r.d_desc_prep), key=lambda x: x[0])
+    loaded = sorted(r.d_loaded for r in reqs if r.d_loaded is not None)
+    pi = li = 0
+    by_first = sorted(reqs, key=lambda r: r.d_first or 0.0)
+    while t < t_end:
+        active = [r for r in by_first if (r.d_first or 0.0) - 1.0 <= t < r.end - 0.2]
+        waiting = mode == "push" and any(
+            (r.d_arrival or 0.0) <= t < (r.d_first or 0.0) for r in reqs
+        )
+        starts = 0
+        load_ms = 0.0
+        while pi < len(prep) and prep[pi][0] <= t:
+            load_ms += prep[pi][1] - prep[pi][0] + 0.05
+            starts += 1
+            pi += 1
+        finished = 0
+        while li < len(loaded) and loaded[li] <= t:
+            finished += 1
+            li += 1
+        if not active:
+            if waiting or load_ms:
+                dur = 0.1 + load_ms
+                steps.append(
+                    _Step(
+                        t,
+                        dur,
+                        0.09 + load_ms,
+                        load_ms=load_ms,
+                        results_ms=0.08,
+                        loads_started=starts,
+                        loads_finished=finished,
+                    )
+                )
+                t += 5.0 if not load_ms else dur + 0.05
+                continue
+            nxt = [x for r in reqs for x in (r.d_arrival or 0.0, (r.d_first or 0.0) - 1.0) if x > t]
+            nxt += [p[0] for p in prep[pi:]] + loaded[li:]
+            if not nxt:
+                break
+            t = min(nxt) + 1e-3
+            continue
+        period = sum(r.tpot for r in active) / len(active)
+        results = 0.05 + 0.01 * len(active) + (0.1 if mode == "push" else 0.0)
+        connector = 0.02 + results + load_ms
+        gap = 0.1 * period
+        forward = max(period - gap - connector, 0.3)
+        steps.append(
+            _Step(
+                t,
+                forward + connector,
+                connector,
+                decode_reqs=len(active),
+                num_reqs=len(active),
+                load_ms=load_ms,
+                results_ms=results,
+                loads_started=starts,
+                loads_finished=finished,
+            )
+        )
+        t += max(period, forward + connector + 0.05)
+    return steps
+
+
+def _emit_steps(
+    em: _Emitter,
+    rng: random.Random,
+    sched: _Proc,
+    work: _Proc,
+    steps: Sequence[_Step],
+    base: Mapping[str, Any],
+) -> tuple[str, str]:
+    sched_tid, work_tid = f"{rng.getrandbits(128):032x}", f"{rng.getrandbits(128):032x}"
+    groups: dict[int, list[tuple[int, _Step]]] = {}
+    for seq, st in enumerate(steps, start=1):
+        groups.setdefault(int(st.start // 1000.0), []).append((seq, st))
+    for _, batch in sorted(groups.items()):
+        seqs = [q for q, _ in batch]
+        # scheduler: scheduled just before the worker binds the step's metadata
+        s_starts = [em.ns(st.start - 0.05, sched) for _, st in batch]
+        _span(
+            em,
+            rng,
+            sched,
+            sched_tid,
+            sc.SPAN_ENGINE_STEPS,
+            s_starts[0],
+            s_starts[-1],
+            {
+                **base,
+                sc.SIDE: "scheduler",
+                sc.STEP_SEQ: seqs,
+                sc.STEP_START_NS: s_starts,
+                sc.STEP_PREFILL_TOKENS: [st.prefill_tokens for _, st in batch],
+                sc.STEP_DECODE_REQS: [st.decode_reqs for _, st in batch],
+                sc.STEP_NUM_REQS: [st.num_reqs for _, st in batch],
+            },
+        )
+        w_starts = [em.ns(st.start, work) for _, st in batch]
+        durs = [max(round(st.duration * 1000), 1) for _, st in batch]
+        conn = [min(round(st.connector * 1000), d) for (_, st), d in zip(batch, durs, strict=True)]
+        load = [round(st.load_ms * 1000) for _, st in batch]
+        res = [round(st.results_ms * 1000) for _, st in batch]
+        bind = [max(c - lo - r - 1, 0) for c, lo, r in zip(conn, load, res, strict=True)]
+        _span(
+            em,
+            rng,
+            work,
+            work_tid,
+            sc.SPAN_ENGINE_STEPS,
+            w_starts[0],
+            w_starts[-1] + durs[-1] * 1000,
+            {
+                **base,
+                sc.SIDE: "worker",
+                sc.STEP_SEQ: seqs,
+                sc.STEP_START_NS: w_starts,
+                sc.STEP_DURATION_US: durs,
+                sc.STEP_CONNECTOR_US: conn,
+                sc.STEP_BIND_US: bind,
+                sc.STEP_LOAD_US: load,
+                sc.STEP_SAVE_US: [1 if c > 0 else 0 for c in conn],
+                sc.STEP_RESULTS_US: res,
+                sc.STEP_LOADS_STARTED: [st.loads_started for _, st in batch],
+                sc.STEP_LOADS_FINISHED: [st.loads_finished for _, st in batch],
+            },
+        )
+    return sched_tid, work_tid
+
+
+def _span(
+    em: _Emitter,
+    rng: random.Random,
+    proc: _Proc,
+    trace_id: str,
+    name: str,
+    start_ns: int,
+    end_ns: int,
+    attrs: Mapping[str, Any],
+) -> None:
+    d = {
+        "traceId": trace_id,
+        "spanId": f"{rng.getrandbits(64):016x}",
+        "parentSpanId": "",
+        "name": name,
+        "kind": 1,
+        "startTimeUnixNano": str(start_ns),
+        "endTimeUnixNano": str(max(end_ns, start_ns)),
+        "attributes": _attrs(attrs),
+        "events": [],
+        "links": [],
+        "status": {"code": 0},
+    }
+    proc.spans.append((max(end_ns, start_ns), d))
+
+
+def _busy(intervals: Iterable[tuple[float, float]], t0: float, t1: float) -> float:
+    return sum(max(min(b, t1) - max(a, t0), 0.0) for a, b in intervals)
+
+
+@dataclass(slots=True)
+class _Thread:
+    pid: int
+    tid: int
+    process: str
+    name: str
+    role: str
+    cpu: float  # cumulative ms
+    core: int
+    affinity: str
+
+
+def _emit_threads(
+    em: _Emitter,
+    rng: random.Random,
+    proc: _Proc,
+    trace_id: str,
+    threads: Sequence[_Thread],
+    t0: float,
+    t1: float,
+    usage: Any,  # (thread, window start, window end) -> (cpu ms, core)
+    events: Any,  # (window end) -> cumulative events
+    base: Mapping[str, Any],
+    side: str,
+) -> None:
+    prev = None
+    t = t0
+    while True:
+        if prev is not None:
+            for th in threads:
+                ms, core = usage(th, prev, t)
+                th.cpu += ms
+                th.core = core
+        _span(
+            em,
+            rng,
+            proc,
+            trace_id,
+            sc.SPAN_ENGINE_THREADS,
+            em.ns(prev if prev is not None else t, proc),
+            em.ns(t, proc),
+            {
+                **base,
+                sc.SIDE: side,
+                sc.THREAD_PID: [th.pid for th in threads],
+                sc.THREAD_TID: [th.tid for th in threads],
+                sc.THREAD_PROCESS: [th.process for th in threads],
+                sc.THREAD_NAME: [th.name for th in threads],
+                sc.THREAD_ROLE: [th.role for th in threads],
+                sc.THREAD_CPU_MS: [round(th.cpu, 1) for th in threads],
+                sc.THREAD_CORE: [th.core for th in threads],
+                sc.THREAD_AFFINITY: [th.affinity for th in threads],
+                sc.EVENTS_RECORDED: events(t),
+            },
+        )
+        if t >= t1:
+            break
+        prev, t = t, min(t + 1000.0, t1)
+
+
+def add_process_traces(
+    em: _Emitter,
+    procs: Mapping[str, _Proc],
+    mode: str,
+    *,
+    seed: int = 0,
+    unpinned_decode: bool = False,
+) -> None:
+    """Append engine.steps and engine.threads spans to P's and D's processes."""
+    from tracedpush.analysis.synthetic import DECODE_INSTANCE, PREFILL_INSTANCE
+
+    rng = random.Random(seed)
+    reqs = _requests(em, procs)
+    if not reqs:
+        return
+    p_steps = _prefill_steps(reqs)
+    d_steps = _decode_steps(reqs, mode)
+    p_base = {sc.MODE: mode, sc.ROLE: "prefill", sc.ENGINE_ID: PREFILL_INSTANCE}
+    d_base = {sc.MODE: mode, sc.ROLE: "decode", sc.ENGINE_ID: DECODE_INSTANCE}
+    trace_ids = {
+        "prefill": _emit_steps(em, rng, procs["p_sched"], procs["p_work"], p_steps, p_base),
+        "decode": _emit_steps(em, rng, procs["d_sched"], procs["d_work"], d_steps, d_base),
+    }
+
+    t0 = min(r.start for r in reqs) - 500.0
+    t1 = max(r.end for r in reqs) + 500.0
+    p_busy = [(s.start, s.start + s.duration) for s in p_steps]
+    d_busy = [(s.start, s.start + s.duration) for s in d_steps]
+    waiting = [(r.d_arrival or r.d_first or 0.0, r.d_first or 0.0) for r in reqs]
+    arrivals = sorted(r.start for r in reqs)
+    writes = sorted(w for r in reqs for w in r.writes)
+
+    def count(ts: Sequence[float], a: float, b: float) -> int:
+        return bisect_left(ts, b) - bisect_left(ts, a)  # ts sorted
+
+    def union_waiting(a: float, b: float) -> float:
+        # share of [a, b) during which at least one request waits for its KV on D
+        covered, cur = 0.0, a
+        for s, e in sorted(waiting):
+            s, e = max(s, cur), min(e, b)
+            if e > s:
+                covered += e - s
+                cur = e
+        return covered
+
+    def threads_for(engine: str, sched_pid: int, work_pid: int, api_pid: int) -> tuple:
+        core = P_CORE if engine == "prefill" else D_CORE
+        aff = str(core)
+        sched = [
+            _Thread(
+                sched_pid, sched_pid, "engine_core", "MainThread", "engine_core", 9000.0, core, aff
+            ),
+            _Thread(
+                sched_pid, sched_pid + 11, "engine_core", "ZMQbg/IO/0", "other", 5.0, core, aff
+            ),
+            _Thread(
+                sched_pid,
+                sched_pid + 12,
+                "engine_core",
+                "tracedpush-builder-scheduler",
+                "tracedpush",
+                0.0,
+                core,
+                aff,
+            ),
+            _Thread(
+                sched_pid,
+                sched_pid + 13,
+                "engine_core",
+                "tracedpush-export-jsonl",
+                "tracedpush",
+                0.0,
+                core,
+                aff,
+            ),
+            _Thread(api_pid, api_pid, "api_server", "python", "api_server", 4000.0, core, aff),
+        ]
+        work = [
+            _Thread(work_pid, work_pid, "worker", "MainThread", "model_runner", 15000.0, core, aff),
+            _Thread(
+                work_pid, work_pid + 21, "worker", "VLLM::Worker", "compute", 20000.0, core, aff
+            ),
+            _Thread(work_pid, work_pid + 22, "worker", "ucx-progress", "other", 0.0, core, aff),
+            _Thread(
+                work_pid,
+                work_pid + 23,
+                "worker",
+                "tracedpush-builder-worker",
+                "tracedpush",
+                0.0,
+                core,
+                aff,
+            ),
+            _Thread(
+                work_pid,
+                work_pid + 24,
+                "worker",
+                "tracedpush-export-jsonl",
+                "tracedpush",
+                0.0,
+                core,
+                aff,
+            ),
+        ]
+        if mode == "push":
+            work.insert(
+                2,
+                _Thread(
+                    work_pid,
+                    work_pid + 25,
+                    "worker",
+                    "nixl-push-writer",
+                    "push_writer",
+                    0.0,
+                    core,
+                    aff,
+                ),
+            )
+        return sched, work
+
+    def usage_for(engine: str) -> Any:
+        busy = p_busy if engine == "prefill" else d_busy
+        n_steps = sorted(s.start for s in (p_steps if engine == "prefill" else d_steps))
+
+        def usage(th: _Thread, a: float, b: float) -> tuple[float, int]:
+            core = th.core
+            if th.role == "model_runner":
+                return 5.0 + 0.3 * _busy(busy, a, b), core
+            if th.role == "compute":
+                return 0.7 * _busy(busy, a, b), core
+            if th.role == "api_server":
+                return 8.0 + 1.5 * count(arrivals, a, b), core
+            if th.role == "push_writer":
+                return 1.0 + 0.4 * count(writes, a, b), core
+            if th.role == "tracedpush":  # about 0.5% of the engine's CPU
+                per = 0.08 if "builder" in th.name else 0.03
+                return 0.1 + per * (count(arrivals, a, b) * 4 + count(n_steps, a, b) * 0.1), core
+            if th.role == "engine_core":
+                cpu = 15.0 + 0.02 * count(n_steps, a, b)
+                if engine == "decode" and mode == "push":
+                    # D's busy loop while requests wait for pushed KV
+                    cpu += 0.6 * union_waiting(a, b)
+                if engine == "decode" and unpinned_decode and cpu > 0:
+                    core = P_CORE if rng.random() < 0.5 else D_CORE
+                return cpu, core
+            if th.name.startswith("ucx"):
+                return 0.3, core
+            return 0.1, core
+
+        return usage
+
+    pids = {"prefill": ("p_sched", "p_work"), "decode": ("d_sched", "d_work")}
+    for engine, (ks, kw) in pids.items():
+        sp, wp = procs[ks], procs[kw]
+        base = p_base if engine == "prefill" else d_base
+        sched, work = threads_for(engine, sp.pid, wp.pid, sp.pid + 50)
+        if engine == "decode" and unpinned_decode:
+            sched[0].affinity = f"{P_CORE}-{D_CORE}"
+        usage = usage_for(engine)
+        steps = p_steps if engine == "prefill" else d_steps
+        starts = sorted(s.start for s in steps)
+
+        def events(t: float, starts: Sequence[float] = starts) -> int:
+            return 6 * count(arrivals, t0, t) + 2 * bisect_left(starts, t)
+
+        s_tid, w_tid = trace_ids[engine]
+        _emit_threads(em, rng, sp, s_tid, sched, t0, t1, usage, events, base, "scheduler")
+        _emit_threads(em, rng, wp, w_tid, work, t0, t1, usage, events, base, "worker")

@@ -1,0 +1,285 @@
+"""TPOT attribution: where each decoded token's time went, from D's engine steps.
+
+For a request with a TPOT, its decode window is [first token, last token] on the proxy's
+clock; D's worker steps (placed on that clock with the offset estimated for D's
+instance) that overlap the window are clipped to it, and the window is split into:
+
+* ``model forward``: the solo cost of each step's forward (what the step would have cost
+  with this request alone: the median forward of D's steps with 1 decode request and 0
+  prefill tokens, else D's smallest forward), capped at the step's own forward;
+* ``batch sharing``: forward beyond that solo cost (other requests in the batch);
+* ``connector``: connector calls on D's model-runner thread inside the step
+  (``tracedpush.step.connector_us``: metadata bind, start_load_kv, wait_for_save,
+  get_finished / polling, registration sends);
+* ``scheduling and other``: the rest of the window, between and outside the steps
+  (scheduling, sampling and output processing after the forward, detokenization,
+  streaming to the proxy).
+
+Window totals are divided by output_tokens - 1, so the values sum to ``tpot_ms``. A step
+only partly inside the window counts pro rata; overlapping step records (which one
+thread cannot produce) count once. Nothing is negative.
+
+`TpotAccount` compares two modes the way `compare.TtftAccount` does for TTFT: means of
+each key per mode, a - b, summing to the mean TPOT difference of the requests that have
+a breakdown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tracedpush import semconv as sc
+from tracedpush.analysis.model import Span
+from tracedpush.analysis.results import RequestAnalysis
+from tracedpush.analysis.steps import EngineSteps
+from tracedpush.analysis.timeline import DECODE, TraceIndex
+
+MODEL_FORWARD = "model forward"
+BATCH_SHARING = "batch sharing"
+CONNECTOR = "connector"
+SCHEDULING = "scheduling and other"
+KEYS = (MODEL_FORWARD, BATCH_SHARING, CONNECTOR, SCHEDULING)
+
+
+def breakdown(
+    store: EngineSteps,
+    engine_id: str,
+    t0_ns: int,
+    t1_ns: int,
+    tpot_ms: float,
+    tokens: int,
+    *,
+    solo_us: float | None = None,
+) -> dict[str, float]:
+    """Split one request's TPOT over D's steps in its decode window [t0, t1] (reference
+    clock ns); ``tokens`` = output tokens - 1. Values sum to ``tpot_ms``."""
+    if solo_us is None:
+        solo_us = store.solo_forward_us(engine_id)
+    solo_ns = None if solo_us is None else solo_us * 1000.0
+    fwd = extra = conn = 0.0
+    cursor = t0_ns
+    if t1_ns > t0_ns:
+        for s in store.overlapping(engine_id, t0_ns, t1_ns):
+            a = max(s.start_ns, cursor)
+            b = min(s.end_ns, t1_ns)
+            if b <= a:
+                continue
+            cursor = b
+            dur = s.end_ns - s.start_ns
+            f = (b - a) / dur
+            c_ns = min((s.connector_us or 0) * 1000.0, float(dur))
+            fw_ns = dur - c_ns
+            solo = fw_ns if solo_ns is None else min(fw_ns, solo_ns)
+            fwd += f * solo
+            extra += f * (fw_ns - solo)
+            conn += f * c_ns
+    n = max(tokens, 1)
+    out = {
+        MODEL_FORWARD: fwd / n / 1e6,
+        BATCH_SHARING: extra / n / 1e6,
+        CONNECTOR: conn / n / 1e6,
+    }
+    used = sum(out.values())
+    if used > tpot_ms > 0:  # rounding of the window against tpot_ms: scale, keep the sum
+        k = tpot_ms / used
+        out = {key: v * k for key, v in out.items()}
+        used = tpot_ms
+    out[SCHEDULING] = max(tpot_ms - used, 0.0)
+    return out
+
+
+def decode_engine(ix: TraceIndex) -> str | None:
+    """The decode engine that served a request (decode span's engine id or instance)."""
+    dec = ix.one(sc.SPAN_DECODE, DECODE)
+    if dec is None:
+        return None
+    return str(dec.attributes.get(sc.ENGINE_ID) or dec.resource.instance)
+
+
+def attach(
+    requests: Iterable[RequestAnalysis],
+    indexes: Mapping[str, TraceIndex],
+    store: EngineSteps,
+    offset_ns: Callable[[Span], int],
+) -> None:
+    """Set ``tpot_breakdown_ms`` on every request with a TPOT whose decode engine has
+    worker steps. `store` must already be placed on the reference clock;
+    `offset_ns(span)` is the offset applied to a span's host clock."""
+    if not store.steps:
+        return
+    solo: dict[str, float | None] = {}
+    decode_engines = [e for e, info in store.engines.items() if info.role == "decode"]
+    for r in requests:
+        if r.tpot_ms is None or not r.output_tokens or r.output_tokens < 2 or r.ttft_ms is None:
+            continue
+        ix = indexes.get(r.trace_id)
+        if ix is None or ix.root is None:
+            continue
+        eid = decode_engine(ix)
+        if eid not in store.steps:
+            if len(decode_engines) == 1 and decode_engines[0] in store.steps:
+                eid = decode_engines[0]
+            else:
+                continue
+        if eid not in solo:
+            solo[eid] = store.solo_forward_us(eid)
+        if not store.worker_steps(eid):
+            continue
+        origin = ix.root.start_ns - offset_ns(ix.root)
+        t0 = origin + round(r.ttft_ms * 1e6)
+        t1 = t0 + round(r.tpot_ms * (r.output_tokens - 1) * 1e6)
+        r.tpot_breakdown_ms = breakdown(
+            store, eid, t0, t1, r.tpot_ms, r.output_tokens - 1, solo_us=solo[eid]
+        )
+
+
+# ------------------------------------------------------------------ push vs pull
+
+
+@dataclass(slots=True)
+class TpotRow:
+    mechanism: str
+    a_mean_ms: float
+    b_mean_ms: float
+    mean_delta_ms: float  # a - b; over rows these sum to tpot_mean_delta_ms
+    a_p50_ms: float | None
+    b_p50_ms: float | None
+    p50_delta_ms: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mechanism": self.mechanism,
+            "a_mean_ms": round(self.a_mean_ms, 4),
+            "b_mean_ms": round(self.b_mean_ms, 4),
+            "mean_delta_ms": round(self.mean_delta_ms, 4),
+            "a_p50_ms": _rnd(self.a_p50_ms),
+            "b_p50_ms": _rnd(self.b_p50_ms),
+            "p50_delta_ms": _rnd(self.p50_delta_ms),
+        }
+
+
+@dataclass(slots=True)
+class TpotAccount:
+    """Where the TPOT difference a - b goes in one group (requests with a breakdown)."""
+
+    rows: list[TpotRow]
+    n: dict[str, int]  # requests with a breakdown, per mode
+    a_tpot_mean_ms: float
+    b_tpot_mean_ms: float
+    tpot_mean_delta_ms: float  # a - b (= sum of rows' mean_delta_ms)
+    tpot_p50_delta_ms: float | None
+    p50_remainder_ms: float | None  # p50 delta - sum of row p50 deltas (medians do not add)
+
+    def row(self, mechanism: str) -> TpotRow | None:
+        return next((r for r in self.rows if r.mechanism == mechanism), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "direction": "a - b",
+            "n": dict(self.n),
+            "a_tpot_mean_ms": round(self.a_tpot_mean_ms, 4),
+            "b_tpot_mean_ms": round(self.b_tpot_mean_ms, 4),
+            "tpot_mean_delta_ms": round(self.tpot_mean_delta_ms, 4),
+            "tpot_p50_delta_ms": _rnd(self.tpot_p50_delta_ms),
+            "p50_remainder_ms": _rnd(self.p50_remainder_ms),
+            "mechanisms": [r.to_json() for r in self.rows],
+        }
+
+
+def _rnd(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def _median(values: Sequence[float]) -> float | None:
+    vs = sorted(values)
+    n = len(vs)
+    if not n:
+        return None
+    return vs[n // 2] if n % 2 else (vs[n // 2 - 1] + vs[n // 2]) / 2.0
+
+
+def tpot_account(
+    by_mode: Mapping[str, Sequence[RequestAnalysis]], a: str = "push", b: str = "pull"
+) -> TpotAccount | None:
+    """The TPOT difference a - b per mechanism, or None without breakdowns in both."""
+    sel = {
+        m: [r for r in by_mode.get(m, ()) if r.tpot_breakdown_ms and r.tpot_ms is not None]
+        for m in (a, b)
+    }
+    if not sel[a] or not sel[b]:
+        return None
+    means: dict[str, dict[str, float]] = {}
+    p50s: dict[str, dict[str, float | None]] = {}
+    tpot_mean: dict[str, float] = {}
+    tpot_p50: dict[str, float | None] = {}
+    for m, rs in sel.items():
+        means[m] = {
+            k: sum((r.tpot_breakdown_ms or {}).get(k, 0.0) for r in rs) / len(rs) for k in KEYS
+        }
+        p50s[m] = {k: _median([(r.tpot_breakdown_ms or {}).get(k, 0.0) for r in rs]) for k in KEYS}
+        tpot_mean[m] = sum(r.tpot_ms or 0.0 for r in rs) / len(rs)
+        tpot_p50[m] = _median([r.tpot_ms or 0.0 for r in rs])
+    rows = []
+    for k in KEYS:
+        pa, pb = p50s[a][k], p50s[b][k]
+        rows.append(
+            TpotRow(
+                k,
+                means[a][k],
+                means[b][k],
+                means[a][k] - means[b][k],
+                pa,
+                pb,
+                None if pa is None or pb is None else pa - pb,
+            )
+        )
+    ta, tb = tpot_p50[a], tpot_p50[b]
+    p50 = None if ta is None or tb is None else ta - tb
+    rest = None if p50 is None else p50 - sum(r.p50_delta_ms or 0.0 for r in rows)
+    return TpotAccount(
+        rows,
+        {a: len(sel[a]), b: len(sel[b])},
+        tpot_mean[a],
+        tpot_mean[b],
+        tpot_mean[a] - tpot_mean[b],
+        p50,
+        rest,
+    )
+
+
+def explain_tpot_delta(
+    acc: TpotAccount | None, a: str = "push", b: str = "pull", *, where: str = "", top: int = 3
+) -> str:
+    """The TPOT difference in words, largest mechanisms first, e.g. "push's TPOT is
+    4.4 ms longer than pull's over all requests (mean; p50 +4.1 ms): batch sharing
+    +3.0 ms, connector +1.2 ms, scheduling and other +0.2 ms." (means add up)."""
+    if acc is None:
+        return f"No TPOT comparison: needs {a} and {b} requests with D's engine steps."
+    where = f" {where}" if where else ""
+    total = acc.tpot_mean_delta_ms
+    p50 = "" if acc.tpot_p50_delta_ms is None else f"; p50 {acc.tpot_p50_delta_ms:+.2f} ms"
+    if abs(total) < 0.005:
+        head = f"{a} and {b} have the same mean TPOT{where} (within 0.005 ms{p50})"
+    else:
+        verb = "longer" if total > 0 else "shorter"
+        head = f"{a}'s TPOT is {abs(total):.2f} ms {verb} than {b}'s{where} (mean{p50})"
+    ranked = sorted(acc.rows, key=lambda r: (-abs(r.mean_delta_ms), r.mechanism))
+    shown = [r for r in ranked[:top] if abs(r.mean_delta_ms) >= 0.005]
+    if not shown:
+        return head + "."
+    text = ", ".join(f"{r.mechanism} {r.mean_delta_ms:+.2f} ms" for r in shown)
+    rest = total - sum(r.mean_delta_ms for r in shown)
+    tail = f"; the rest {rest:+.2f} ms" if abs(rest) >= 0.005 else ""
+    return f"{head}: {text}{tail}."
+
+
+def top_mechanisms(
+    acc: TpotAccount | None, *, top: int = 3, min_ms: float = 0.005
+) -> list[tuple[str, float]]:
+    """[(mechanism, mean a - b ms)] largest |delta| first (for the console)."""
+    if acc is None:
+        return []
+    ranked = sorted(acc.rows, key=lambda r: (-abs(r.mean_delta_ms), r.mechanism))
+    return [(r.mechanism, r.mean_delta_ms) for r in ranked[:top] if abs(r.mean_delta_ms) >= min_ms]
