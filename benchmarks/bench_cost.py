@@ -39,7 +39,7 @@ from bench_events import HOOKS_PER_STEP, FakeUpstream, per_call_us, step_hooks, 
 from tracedpush import semconv as sc
 from tracedpush.bench.workload import PromptMaker, run_workload, summarize
 from tracedpush.launcher import Deployment, DeploymentConfig
-from tracedpush.launcher.processes import session_members
+from tracedpush.launcher.processes import session_members, stop_on_sigterm
 from tracedpush.model.build import ensure_model
 from tracedpush.telemetry.events import Recorder
 
@@ -122,6 +122,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/cost.json"))
     args = parser.parse_args()
+    stop_on_sigterm()  # SIGTERM stops the engines like Ctrl-C: nothing is left running
     model = ensure_model(None)
     lengths = [int(x) for x in args.lengths.split(",")]
     prompts = PromptMaker(model, seed=3).mix(lengths, args.requests)

@@ -157,7 +157,7 @@ def main() -> int:
         rec = Recorder()
         record = rec.record
         for i in range(k):
-            record(ev.Scheduled(time_ns(), "cmpl-abc-0-12345678"))
+            record((ev.SCHEDULED, time_ns(), "cmpl-abc-0-12345678"))
             if i & 0xFFFF == 0:
                 rec.drain()
 

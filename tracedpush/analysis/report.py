@@ -48,6 +48,23 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
+def _account_header(first: str, a: str, b: str) -> list[str]:
+    """Columns of a "where the difference goes" table (means add up; p50s do not)."""
+    return [
+        first,
+        f"{a} mean",
+        f"{b} mean",
+        f"{a} - {b} mean",
+        f"{a} p50",
+        f"{b} p50",
+        f"{a} - {b} p50",
+    ]
+
+
+def _remainder_row(remainder: float | None) -> list[Any]:
+    return ["(p50s do not add: remainder)", None, None, None, None, None, remainder]
+
+
 def _section(title: str, body: str) -> str:
     return f"{title}\n{'=' * len(title)}\n{body}\n"
 
@@ -198,18 +215,8 @@ def _delta(cmp: Comparison, g: ComparisonGroup) -> str:
             acc.ttft_p50_delta_ms,
         ]
     )
-    rows.append(
-        ["(p50s do not add: remainder)", None, None, None, None, None, acc.p50_remainder_ms]
-    )
-    h = [
-        "phase (critical path)",
-        f"{a} mean",
-        f"{b} mean",
-        f"{a} - {b} mean",
-        f"{a} p50",
-        f"{b} p50",
-        f"{a} - {b} p50",
-    ]
+    rows.append(_remainder_row(acc.p50_remainder_ms))
+    h = _account_header("phase (critical path)", a, b)
     n = f"n {a} {g.n.get(a, 0)}, {b} {g.n.get(b, 0)}"
     title = f"Where the TTFT difference goes ({describe_group(g)}; {a} - {b}, ms; {n})"
     return _section(title, explain_delta(g, a, b) + "\n" + table(h, rows))
@@ -312,18 +319,8 @@ def _tpot_delta(cmp: Comparison, g: ComparisonGroup) -> str:
             acc.tpot_p50_delta_ms,
         ]
     )
-    rows.append(
-        ["(p50s do not add: remainder)", None, None, None, None, None, acc.p50_remainder_ms]
-    )
-    h = [
-        "mechanism",
-        f"{a} mean",
-        f"{b} mean",
-        f"{a} - {b} mean",
-        f"{a} p50",
-        f"{b} p50",
-        f"{a} - {b} p50",
-    ]
+    rows.append(_remainder_row(acc.p50_remainder_ms))
+    h = _account_header("mechanism", a, b)
     n = f"n {a} {acc.n.get(a, 0)}, {b} {acc.n.get(b, 0)}"
     title = f"Where the TPOT difference goes ({describe_group(g)}; {a} - {b}, ms; {n})"
     text = explain_tpot_delta(acc, a, b, where=describe_group(g))

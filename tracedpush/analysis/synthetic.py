@@ -103,6 +103,8 @@ def _value(v: Any) -> dict[str, Any]:
         return {"intValue": str(v)}
     if isinstance(v, float):
         return {"doubleValue": v}
+    if isinstance(v, list | tuple):
+        return {"arrayValue": {"values": [_value(x) for x in v]}}
     return {"stringValue": str(v)}
 
 

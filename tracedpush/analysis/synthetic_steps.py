@@ -31,27 +31,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tracedpush import semconv as sc
+from tracedpush.analysis.synthetic import _attrs
 
 if TYPE_CHECKING:
     from tracedpush.analysis.synthetic import _Emitter, _Proc
 
 P_CORE, D_CORE = 0, 1
-
-
-def _value(v: Any) -> dict[str, Any]:
-    if isinstance(v, bool):
-        return {"boolValue": v}
-    if isinstance(v, int):
-        return {"intValue": str(v)}
-    if isinstance(v, float):
-        return {"doubleValue": v}
-    if isinstance(v, list | tuple):
-        return {"arrayValue": {"values": [_value(x) for x in v]}}
-    return {"stringValue": str(v)}
-
-
-def _attrs(d: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [{"key": k, "value": _value(v)} for k, v in d.items() if v is not None]
 
 
 @dataclass(slots=True)

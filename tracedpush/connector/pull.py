@@ -31,7 +31,8 @@ class NixlPullConnector(TracedConnectorMixin, _UpstreamPull):
         for req_id, meta in reqs.items():
             remote = meta.remote
             record(
-                ev.LoadStart(
+                (
+                    ev.LOAD_START,
                     now,
                     req_id,
                     remote.engine_id if remote else "",

@@ -35,7 +35,7 @@ class NixlPushConnector(TracedConnectorMixin, _UpstreamPush):
         """P: finished blocks go to the writer's inbox now (after this step's forward)."""
         finished = metadata.push_finished_blocks
         if finished:
-            self._tp_record(ev.Handoff(now, tuple(finished)))
+            self._tp_record((ev.HANDOFF, now, tuple(finished)))
         self._tp_loads[0] += len(finished or ()) + len(metadata.reqs_to_recv or ())
 
 
@@ -51,7 +51,8 @@ def _wrap_push_start(worker: Any, record) -> None:
                 else len(local_block_ids or ())
             )
             record(
-                ev.PushStart(
+                (
+                    ev.PUSH_START,
                     time_ns(),
                     request_id,
                     registration_data.get("request_id", ""),

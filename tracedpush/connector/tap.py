@@ -38,13 +38,13 @@ class NixlAgentTap:
             result = self._agent.send_notif(remote_agent_name, notif_msg)
         else:
             result = self._agent.send_notif(remote_agent_name, notif_msg, backend)
-        self._record(ev.SendNotif(time_ns(), remote_agent_name, notif_msg))
+        self._record((ev.SEND_NOTIF, time_ns(), remote_agent_name, notif_msg))
         return result
 
     def get_new_notifs(self, *args, **kwargs):
         notifs = self._agent.get_new_notifs(*args, **kwargs)
         if notifs:
-            self._record(ev.Notifs(time_ns(), notifs))
+            self._record((ev.NOTIFS, time_ns(), notifs))
         return notifs
 
     def make_prepped_xfer(self, operation, *args, **kwargs):
@@ -55,22 +55,22 @@ class NixlAgentTap:
             n_desc = len(args[1])
         except (IndexError, TypeError):
             n_desc = 0
-        self._record(ev.Prep(t0, time_ns(), operation, notif, handle, n_desc))
+        self._record((ev.PREP, t0, time_ns(), operation, notif, handle, n_desc))
         return handle
 
     def transfer(self, handle, notif_msg=b""):
         t0 = time_ns()
         state = self._agent.transfer(handle, notif_msg)
-        self._record(ev.Post(t0, time_ns(), handle, state))
+        self._record((ev.POST, t0, time_ns(), handle, state))
         return state
 
     def check_xfer_state(self, handle):
         state = self._agent.check_xfer_state(handle)
         if state != "PROC":
-            self._record(ev.State(time_ns(), handle, state))
+            self._record((ev.STATE, time_ns(), handle, state))
         return state
 
     def get_xfer_telemetry(self, handle):
         telemetry = self._agent.get_xfer_telemetry(handle)
-        self._record(ev.Telemetry(time_ns(), handle, telemetry))
+        self._record((ev.TELEMETRY, time_ns(), handle, telemetry))
         return telemetry

@@ -137,9 +137,9 @@ class TracedConnectorMixin:
             try:
                 result = original(host, port, remote_tp_size, expected_engine_id, *args, **kwargs)
             except Exception as e:
-                record(ev.Handshake(t0, time_ns(), expected_engine_id, repr(e)[:300]))
+                record((ev.HANDSHAKE, t0, time_ns(), expected_engine_id, repr(e)[:300]))
                 raise
-            record(ev.Handshake(t0, time_ns(), expected_engine_id, None))
+            record((ev.HANDSHAKE, t0, time_ns(), expected_engine_id, None))
             return result
 
         worker._nixl_handshake = _nixl_handshake
@@ -158,7 +158,8 @@ class TracedConnectorMixin:
                 if not isinstance(ctx, dict):
                     ctx = {}
                 received = ctx.get(semconv.TRACE_RECEIVED_NS_KEY)
-                event = ev.New(
+                event = (
+                    ev.NEW,
                     time_ns(),
                     request.request_id,
                     request.arrival_time,
@@ -181,7 +182,8 @@ class TracedConnectorMixin:
             try:
                 params = request.kv_transfer_params
                 if params and params.get("do_remote_prefill"):
-                    event = ev.Alloc(
+                    event = (
+                        ev.ALLOC,
                         time_ns(),
                         request.request_id,
                         -(-num_external_tokens // self._tp_block_size),
@@ -206,10 +208,10 @@ class TracedConnectorMixin:
                     hits = [rid for rid in waiting if rid in scheduled]
                     if hits:
                         for rid in hits:
-                            record(ev.Scheduled(now, rid))
+                            record((ev.SCHEDULED, now, rid))
                         waiting.difference_update(hits)
                 self._tp_seq = seq = self._tp_seq + 1
-                record(ev.SchedStep(now, seq, scheduled))
+                record((ev.SCHED_STEP, now, seq, scheduled))
                 meta.tracedpush_step = seq
                 if self._tp_outbox:
                     meta.tracedpush_facts = tuple(self._tp_outbox)
@@ -223,9 +225,9 @@ class TracedConnectorMixin:
         if record is not None:
             try:
                 if connector_output.finished_recving:
-                    record(ev.RecvDone(time_ns(), tuple(connector_output.finished_recving)))
+                    record((ev.RECV_DONE, time_ns(), tuple(connector_output.finished_recving)))
                 if connector_output.finished_sending:
-                    record(ev.SendDone(time_ns(), tuple(connector_output.finished_sending)))
+                    record((ev.SEND_DONE, time_ns(), tuple(connector_output.finished_sending)))
             except Exception:
                 pass
         super().update_connector_output(connector_output)  # type: ignore[misc]
@@ -236,7 +238,7 @@ class TracedConnectorMixin:
             return
         try:
             n_blocks = sum(len(group) for group in block_ids) if block_ids else 0
-            event = ev.Finished(time_ns(), request.request_id, request.status.name, n_blocks)
+            event = (ev.FINISHED, time_ns(), request.request_id, request.status.name, n_blocks)
             record(event)
             self._tp_outbox.append(event)
             self._tp_await_sched.discard(request.request_id)
@@ -265,7 +267,7 @@ class TracedConnectorMixin:
             self._tp_step_seq = getattr(connector_metadata, "tracedpush_step", -1)
             facts = getattr(connector_metadata, "tracedpush_facts", None)
             if facts:
-                record(ev.Facts(t0, facts))
+                record((ev.FACTS, t0, facts))
             self._tp_ns[0] += time_ns() - t0
 
     def _tp_on_load(self, metadata: Any, now: int) -> None:
@@ -304,7 +306,8 @@ class TracedConnectorMixin:
             loads = self._tp_loads
             try:
                 record(
-                    ev.WorkerStep(
+                    (
+                        ev.WORKER_STEP,
                         self._tp_step_t0,
                         t1,
                         self._tp_step_seq,
@@ -329,7 +332,7 @@ class TracedConnectorMixin:
             return
         if sending or recving or failed:
             try:
-                record(ev.Results(t0, tuple(sending), tuple(recving), tuple(failed)))
+                record((ev.RESULTS, t0, tuple(sending), tuple(recving), tuple(failed)))
                 self._tp_loads[1] += len(sending) + len(recving) + len(failed)
             except Exception:
                 pass

@@ -17,6 +17,8 @@ Two corrections for a local deployment that emulates separate hosts:
    thread, so on a 2-core machine both engines' model runners end up on core 1 and core
    0 idles. Here the reserved core is the engine's own core instead. Where vLLM has no
    such platform method, nothing is patched; ``TRACEDPUSH_PIN_KV_THREAD=0`` turns it off.
+3. An ablation switch, off by default: ``TRACEDPUSH_NIXL_PROGRESS_THREAD=0`` builds the
+   NIXL agent without its UCX progress thread (see ``nixl_progress_thread_off``).
 
 Runs as ``python -m tracedpush.launcher.vllm_entry <api_server args>`` (the same arguments
 as ``python -m vllm.entrypoints.openai.api_server``). This module stays ``__main__``, so
@@ -26,6 +28,7 @@ module-level code too.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -73,10 +76,32 @@ def keep_kv_thread_on_own_core() -> bool:
     return True
 
 
+def nixl_progress_thread_off() -> bool:
+    """Ablation: vLLM builds its NIXL agent without NIXL's UCX progress thread.
+
+    With `enable_prog_thread` (NIXL's default, which vLLM keeps) a native thread polls
+    UCX continuously; on an engine that owns one core it competes with the model runner
+    (`tracedpush report` names it under Contention). Without it, transfers progress only
+    when vLLM polls them (once per engine step). Only for measuring that trade-off.
+    """
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
+    except ImportError:
+        return False
+    original = getattr(base_worker, "nixl_agent_config", None)
+    if original is None:
+        return False
+    base_worker.nixl_agent_config = functools.partial(original, enable_prog_thread=False)
+    return True
+
+
 pin_engine_tree()  # first, before vLLM (and torch) start any thread
 
 if os.environ.get("TRACEDPUSH_PIN_KV_THREAD", "1") != "0":
     keep_kv_thread_on_own_core()
+
+if os.environ.get("TRACEDPUSH_NIXL_PROGRESS_THREAD", "1") == "0":
+    nixl_progress_thread_off()
 
 if __name__ == "__main__":
     from vllm.entrypoints.launchers.api_server.entry import main

@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from tracedpush.telemetry import events as ev
 from tracedpush.telemetry.emitter import emitter_for
+from tracedpush.telemetry.events import named
 from tracedpush.telemetry.process_spans import ProcessSpans
 from tracedpush.telemetry.request_state import RequestState, RequestTracker
 from tracedpush.telemetry.span_factory import BuilderConfig, SpanFactory
@@ -72,7 +73,8 @@ class SpanBuilder:
     def feed(self, events: Iterable[tuple]) -> None:
         touched: dict[str, RequestState] = {}
         handlers = self.tracker.handlers
-        for event in events:
+        for raw in events:
+            event = named(raw)  # hooks record plain tuples (see telemetry.events)
             handler = handlers.get(type(event))
             if handler is None:
                 continue

@@ -210,8 +210,9 @@ class RequestTracker:
     # --------------------------------------------------------------- worker events
     def on_facts(self, e: ev.Facts) -> Touched:
         touched: list[RequestState] = []
-        for fact in e.facts:
-            if isinstance(fact, ev.SCHEDULER_FACTS):
+        for raw in e.facts:
+            fact = ev.named(raw)
+            if fact is not None and ev.KINDS.get(type(fact)) in ev.SCHEDULER_FACTS:
                 touched.extend(self.handlers[type(fact)](fact) or ())
         return touched
 
