@@ -22,6 +22,7 @@ from tracedpush.analysis import phases as ph
 from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
 from tracedpush.analysis.timeline import bucket_labels, load_labels
 from tracedpush.analysis.tpot import TpotAccount, tpot_account
+from tracedpush.analysis.words import delta_sentence
 
 ALL = "all"
 
@@ -296,14 +297,8 @@ def explain_delta(
     else:
         verb = "slower" if total > 0 else "faster"
         head = f"{a} is {abs(total):.1f} ms {verb} than {b} {where} (mean TTFT{p50})"
-    ranked = sorted(acc.rows, key=lambda r: (-abs(r.mean_delta_ms), r.phase))
-    shown = [r for r in ranked[:top] if abs(r.mean_delta_ms) >= 0.05]
-    if not shown:
-        return head + "."
-    text = ", ".join(f"{r.phase} {r.mean_delta_ms:+.1f} ms" for r in shown)
-    rest = total - sum(r.mean_delta_ms for r in shown)
-    tail = f"; other phases {rest:+.1f} ms" if abs(rest) >= 0.05 else ""
-    return f"{head}: {text}{tail}."
+    deltas = [(r.phase, r.mean_delta_ms) for r in acc.rows]
+    return delta_sentence(head, deltas, total, top=top, eps=0.05, digits=1, rest="other phases")
 
 
 def compare(run: RunAnalysis, a: str = "push", b: str = "pull") -> Comparison:

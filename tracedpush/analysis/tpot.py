@@ -35,6 +35,7 @@ from tracedpush.analysis.model import Span
 from tracedpush.analysis.results import RequestAnalysis
 from tracedpush.analysis.steps import EngineSteps
 from tracedpush.analysis.timeline import DECODE, TraceIndex
+from tracedpush.analysis.words import delta_sentence
 
 MODEL_FORWARD = "model forward"
 BATCH_SHARING = "batch sharing"
@@ -265,14 +266,8 @@ def explain_tpot_delta(
     else:
         verb = "longer" if total > 0 else "shorter"
         head = f"{a}'s TPOT is {abs(total):.2f} ms {verb} than {b}'s{where} (mean{p50})"
-    ranked = sorted(acc.rows, key=lambda r: (-abs(r.mean_delta_ms), r.mechanism))
-    shown = [r for r in ranked[:top] if abs(r.mean_delta_ms) >= 0.005]
-    if not shown:
-        return head + "."
-    text = ", ".join(f"{r.mechanism} {r.mean_delta_ms:+.2f} ms" for r in shown)
-    rest = total - sum(r.mean_delta_ms for r in shown)
-    tail = f"; the rest {rest:+.2f} ms" if abs(rest) >= 0.005 else ""
-    return f"{head}: {text}{tail}."
+    deltas = [(r.mechanism, r.mean_delta_ms) for r in acc.rows]
+    return delta_sentence(head, deltas, total, top=top, eps=0.005, digits=2, rest="the rest")
 
 
 def top_mechanisms(
