@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from bench_events import HOOKS_PER_STEP, FakeUpstream, per_call_us, step_hooks, traced_connector
+from bench_overhead import PORTS  # the benchmarks' engine ports, away from `tracedpush up`'s
 
 from tracedpush import semconv as sc
 from tracedpush.bench.workload import PromptMaker, run_workload, summarize
@@ -43,13 +44,6 @@ from tracedpush.launcher.processes import session_members, stop_on_sigterm
 from tracedpush.model.build import ensure_model
 from tracedpush.telemetry.events import Recorder
 
-PORTS = {
-    "proxy_port": 19000,
-    "prefill_port": 19100,
-    "decode_port": 19200,
-    "prefill_side_channel_port": 16600,
-    "decode_side_channel_port": 16700,
-}
 TICK_MS = 1000.0 / os.sysconf("SC_CLK_TCK")
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracedpush.analysis import phases as ph
-from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
+from tracedpush.analysis.results import RequestAnalysis, RunAnalysis, round_ms
 from tracedpush.analysis.timeline import bucket_labels, load_labels
 from tracedpush.analysis.tpot import TpotAccount, tpot_account
 from tracedpush.analysis.words import delta_sentence
@@ -85,9 +85,9 @@ class PhaseAccount:
             "a_mean_ms": round(self.a_mean_ms, 4),
             "b_mean_ms": round(self.b_mean_ms, 4),
             "mean_delta_ms": round(self.mean_delta_ms, 4),
-            "a_p50_ms": _rnd(self.a_p50_ms),
-            "b_p50_ms": _rnd(self.b_p50_ms),
-            "p50_delta_ms": _rnd(self.p50_delta_ms),
+            "a_p50_ms": round_ms(self.a_p50_ms),
+            "b_p50_ms": round_ms(self.b_p50_ms),
+            "p50_delta_ms": round_ms(self.p50_delta_ms),
         }
 
 
@@ -110,14 +110,10 @@ class TtftAccount:
         return {
             "direction": "a - b",
             "ttft_mean_delta_ms": round(self.ttft_mean_delta_ms, 4),
-            "ttft_p50_delta_ms": _rnd(self.ttft_p50_delta_ms),
-            "p50_remainder_ms": _rnd(self.p50_remainder_ms),
+            "ttft_p50_delta_ms": round_ms(self.ttft_p50_delta_ms),
+            "p50_remainder_ms": round_ms(self.p50_remainder_ms),
             "phases": [r.to_json() for r in self.rows],
         }
-
-
-def _rnd(x: float | None) -> float | None:
-    return None if x is None else round(x, 4)
 
 
 @dataclass(slots=True)

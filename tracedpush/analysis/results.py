@@ -89,8 +89,8 @@ class RequestAnalysis:
             "mode": self.mode,
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
-            "ttft_ms": _r(self.ttft_ms),
-            "tpot_ms": _r(self.tpot_ms),
+            "ttft_ms": round_ms(self.ttft_ms),
+            "tpot_ms": round_ms(self.tpot_ms),
             "start_unix_ms": round(self.start_unix_ms, 3),
             "load": self.load,
             "load_bucket": self.load_bucket,
@@ -115,7 +115,8 @@ class RequestAnalysis:
         return out
 
 
-def _r(x: float | None) -> float | None:
+def round_ms(x: float | None) -> float | None:
+    """Milliseconds as the JSON carries them (4 decimals; None stays None)."""
     return None if x is None else round(x, 4)
 
 

@@ -51,28 +51,25 @@ def array(value: Any) -> list[Any]:
     return [value]
 
 
-def _ints(attrs: dict[str, Any], key: str, n: int) -> list[int | None]:
+def _numbers(attrs: dict[str, Any], key: str, n: int, convert: Callable[[Any], Any]) -> list[Any]:
+    """Element i of the array attribute `key` as `convert` makes it; None where absent or bad."""
     vals = array(attrs.get(key))
-    out: list[int | None] = []
+    out: list[Any] = []
     for i in range(n):
         v = vals[i] if i < len(vals) else None
         try:
-            out.append(None if v is None else int(v))
+            out.append(None if v is None else convert(v))
         except (TypeError, ValueError):
             out.append(None)
     return out
+
+
+def _ints(attrs: dict[str, Any], key: str, n: int) -> list[int | None]:
+    return _numbers(attrs, key, n, int)
 
 
 def _floats(attrs: dict[str, Any], key: str, n: int) -> list[float | None]:
-    vals = array(attrs.get(key))
-    out: list[float | None] = []
-    for i in range(n):
-        v = vals[i] if i < len(vals) else None
-        try:
-            out.append(None if v is None else float(v))
-        except (TypeError, ValueError):
-            out.append(None)
-    return out
+    return _numbers(attrs, key, n, float)
 
 
 def _strs(attrs: dict[str, Any], key: str, n: int) -> list[str]:

@@ -32,7 +32,7 @@ from typing import Any
 
 from tracedpush import semconv as sc
 from tracedpush.analysis.model import Span
-from tracedpush.analysis.results import RequestAnalysis
+from tracedpush.analysis.results import RequestAnalysis, round_ms
 from tracedpush.analysis.steps import EngineSteps
 from tracedpush.analysis.timeline import DECODE, TraceIndex
 from tracedpush.analysis.words import delta_sentence
@@ -155,9 +155,9 @@ class TpotRow:
             "a_mean_ms": round(self.a_mean_ms, 4),
             "b_mean_ms": round(self.b_mean_ms, 4),
             "mean_delta_ms": round(self.mean_delta_ms, 4),
-            "a_p50_ms": _rnd(self.a_p50_ms),
-            "b_p50_ms": _rnd(self.b_p50_ms),
-            "p50_delta_ms": _rnd(self.p50_delta_ms),
+            "a_p50_ms": round_ms(self.a_p50_ms),
+            "b_p50_ms": round_ms(self.b_p50_ms),
+            "p50_delta_ms": round_ms(self.p50_delta_ms),
         }
 
 
@@ -183,14 +183,10 @@ class TpotAccount:
             "a_tpot_mean_ms": round(self.a_tpot_mean_ms, 4),
             "b_tpot_mean_ms": round(self.b_tpot_mean_ms, 4),
             "tpot_mean_delta_ms": round(self.tpot_mean_delta_ms, 4),
-            "tpot_p50_delta_ms": _rnd(self.tpot_p50_delta_ms),
-            "p50_remainder_ms": _rnd(self.p50_remainder_ms),
+            "tpot_p50_delta_ms": round_ms(self.tpot_p50_delta_ms),
+            "p50_remainder_ms": round_ms(self.p50_remainder_ms),
             "mechanisms": [r.to_json() for r in self.rows],
         }
-
-
-def _rnd(x: float | None) -> float | None:
-    return None if x is None else round(x, 4)
 
 
 def _median(values: Sequence[float]) -> float | None:
