@@ -172,6 +172,7 @@ ERROR_TYPE: Final = "error.type"
 
 # span events
 EVENT_FIRST_TOKEN: Final = "first_token"  # on tracedpush.request and proxy.decode
+EVENT_REQUEST_SENT: Final = "request_sent"  # proxy.prefill, proxy.decode: bytes written
 EVENT_HTTP_RECEIVED: Final = "http_received"  # prefill, decode: engine's HTTP server has it
 EVENT_SCHEDULER_RECEIVED: Final = "scheduler_received"  # prefill, decode: EngineCore has it
 EVENT_COMPUTE_STARTED: Final = "compute_started"  # prefill: first scheduled for compute

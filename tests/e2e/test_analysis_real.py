@@ -126,6 +126,9 @@ def test_real_critical_path_sums_to_proxy_ttft(pd: Any, mode: str, sent: dict[st
     # requests that failed are analysed too, and say so
     for r in _mine(run, set(failed)):
         assert r.error is not None or not r.complete
+    # one host, one clock: every instance is tied to the proxy's, the pairs agreeing
+    for name, o in run.clock_offsets.items():
+        assert o.host_clock and o.offset_ms == 0.0, (name, o)
     print(f"\n{mode}: {len(ok)} ok, {len(failed)} failed; clock offsets:")
     for name, o in run.clock_offsets.items():
         print(
@@ -142,9 +145,11 @@ def test_real_traces_survive_a_shifted_engine_clock(
     if mode not in sent:
         pytest.skip("needs test_real_critical_path_sums_to_proxy_ttft's requests")
     ok, _ = sent[mode]
-    # a frozen copy, so spans still arriving cannot change the evidence between runs
+    # a frozen copy, so spans still arriving cannot change the evidence between runs; each
+    # instance on a host of its own, as if P and D ran on two machines (on one host their
+    # clocks are tied, and a shifted engine would contradict the tie)
     snapshot = tmp_path / "snapshot"
-    shift_directory(pd.traces_dir, snapshot, "", 0.0)
+    shift_directory(pd.traces_dir, snapshot, "", 0.0, own_hosts=True)
     run0 = analyze(TraceStore.from_path(snapshot))
     base = {r.trace_id: r.phase_ms() for r in _mine(run0, ok)}
     engines = {

@@ -133,7 +133,6 @@ def test_engine_phases_agree_with_vllm_under_load(
         tb = payload["tpot_breakdown_ms"]
         assert tb and abs(sum(tb.values()) - r.tpot_ms) <= 0.01 * r.tpot_ms, (tb, r.tpot_ms)
     # the engines' middleware stamped every request, so API-server work is its own phase
-    # and `network` ends when the engine's HTTP server had the request
     for r in run.requests:
         assert phases.API_SERVER in {seg.phase for seg in r.critical_path}, r.critical_path
         assert not any("http_received" in p for p in r.problems), r.problems
@@ -144,7 +143,13 @@ def test_engine_phases_agree_with_vllm_under_load(
     found = run.contention()
     assert found, "no engine.threads samples"
     assert not [f.text for f in found.findings if f.kind == "cross_engine"]
-    print(f"\n{mode}: network p50 {network[len(network) // 2]:.2f} ms (issue 8 target: 2 ms)")
+    # `network` is transport only: from the proxy's bytes leaving (request_sent) to the
+    # engine's event loop reading them, on one clock (one host); loopback is fast
+    p50 = network[len(network) // 2]
+    print(f"\n{mode}: network p50 {p50:.2f} ms, p90 {network[len(network) * 9 // 10]:.2f} ms")
+    assert p50 <= 2.0, f"network p50 {p50:.2f} ms on loopback: not transport only"
+    for r in run.requests:
+        assert not any("request_sent" in p for p in r.problems), r.problems
     print(
         f"\n{mode}: queue {queue_ms:.0f} ms (vLLM {delta['queue_sum'] * 1e3:.0f}), "
         f"prefill {compute_ms:.0f} ms (vLLM {delta['prefill_sum'] * 1e3:.0f}), "

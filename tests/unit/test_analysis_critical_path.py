@@ -57,8 +57,14 @@ def push_spec(**over: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
             {sc.PROMPT_TOKENS: 500, sc.OUTPUT_TOKENS: 11, sc.TTFT_MS: 100.0},
             [(sc.EVENT_FIRST_TOKEN, 100)],
         ),
-        sc.SPAN_PROXY_PREFILL: ("proxy", 1, 70),
-        sc.SPAN_PROXY_DECODE: ("proxy", 1.5, 149, {}, [(sc.EVENT_FIRST_TOKEN, 99)]),
+        sc.SPAN_PROXY_PREFILL: ("proxy", 1, 70, {}, [(sc.EVENT_REQUEST_SENT, 1)]),
+        sc.SPAN_PROXY_DECODE: (
+            "proxy",
+            1.5,
+            149,
+            {},
+            [(sc.EVENT_REQUEST_SENT, 1.5), (sc.EVENT_FIRST_TOKEN, 99)],
+        ),
         sc.SPAN_PREFILL: (
             "prefill",
             2,
@@ -105,7 +111,7 @@ def pull_spec(**over: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
     """A pull request with a first-contact handshake on D. TTFT = 120 ms."""
     spec: dict[str, tuple[Any, ...]] = {
         sc.SPAN_REQUEST: ("proxy", 0, 200, {sc.OUTPUT_TOKENS: 1}, [(sc.EVENT_FIRST_TOKEN, 120)]),
-        sc.SPAN_PROXY_PREFILL: ("proxy", 1, 64),
+        sc.SPAN_PROXY_PREFILL: ("proxy", 1, 64, {}, [(sc.EVENT_REQUEST_SENT, 1)]),
         sc.SPAN_PREFILL: (
             "prefill",
             2,
@@ -118,7 +124,13 @@ def pull_spec(**over: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
             ],
         ),
         sc.SPAN_KV_RELAY: ("proxy", 64.5, 65),
-        sc.SPAN_PROXY_DECODE: ("proxy", 65, 199, {}, [(sc.EVENT_FIRST_TOKEN, 119)]),
+        sc.SPAN_PROXY_DECODE: (
+            "proxy",
+            65,
+            199,
+            {},
+            [(sc.EVENT_REQUEST_SENT, 65), (sc.EVENT_FIRST_TOKEN, 119)],
+        ),
         sc.SPAN_DECODE: (
             "decode",
             66,
@@ -360,6 +372,40 @@ def test_without_http_received_network_falls_back_to_the_span_start(mode: str) -
     assert r.complete  # the middleware is optional
     assert sum(s.duration_ms for s in segs) == pytest.approx(r.ttft_ms, abs=1e-9)
     assert phases.API_SERVER not in r.engine_phases_ms["prefill"]  # not measured
+
+
+def test_network_starts_when_the_bytes_left_the_proxy() -> None:
+    """Building a leg is the proxy's work; `network` starts at request_sent. In pull, the
+    wait between the relay span's end and D's bytes leaving belongs to the relay."""
+    spec = push_spec()
+    spec[sc.SPAN_PROXY_PREFILL] = ("proxy", 1, 70, {}, [(sc.EVENT_REQUEST_SENT, 1.75)])
+    segs = path_of(trace("push", spec))
+    assert segs[:3] == [
+        (phases.PROXY, 0.0, 1.75),  # receipt -> P's bytes out (leg built at 1 -> 1.75)
+        (phases.NETWORK, 1.75, 0.25),  # -> http_received at 2
+        (phases.API_SERVER, 2.0, 1.0),
+    ]
+    spec = pull_spec()
+    spec[sc.SPAN_PROXY_DECODE] = ("proxy", 65, 199, {}, [(sc.EVENT_REQUEST_SENT, 65.75)])
+    segs = path_of(trace("pull", spec))
+    relay = next(i for i, s in enumerate(segs) if s[0] == phases.RELAY)
+    assert segs[relay : relay + 2] == [
+        (phases.RELAY, 64.5, 1.25),  # kv.relay start -> D's bytes out
+        (phases.NETWORK, 65.75, 0.25),  # -> D's http_received at 66
+    ]
+
+
+@pytest.mark.parametrize("mode", ["push", "pull"])
+def test_without_request_sent_network_starts_at_the_leg_start(mode: str) -> None:
+    spec = push_spec() if mode == "push" else pull_spec()
+    spec[sc.SPAN_PROXY_PREFILL] = ("proxy", 1, 64)  # a proxy from before request_sent
+    (r,) = exact(trace(mode, spec)).requests
+    assert (r.critical_path[1].phase, r.critical_path[1].start_ms) == (phases.NETWORK, 1.0)
+    assert any(
+        f"no {sc.EVENT_REQUEST_SENT} event on {sc.SPAN_PROXY_PREFILL}" in p for p in r.problems
+    )
+    assert r.complete
+    assert sum(s.duration_ms for s in r.critical_path) == pytest.approx(r.ttft_ms, abs=1e-9)
 
 
 def test_missing_events_are_unattributed_not_guessed() -> None:

@@ -174,3 +174,30 @@ def test_same_instance_id_on_two_hosts_is_two_clock_domains() -> None:
     run = analyze(TraceStore.from_documents(docs))
     assert f"{PREFILL_INSTANCE}@p-worker-host" in run.clock_offsets
     assert f"{PREFILL_INSTANCE}@p-host" in run.clock_offsets
+
+
+ONE_HOST = {PROXY_INSTANCE: "box", PREFILL_INSTANCE: "box", DECODE_INSTANCE: "box"}
+
+
+def test_instances_on_one_host_share_its_clock() -> None:
+    """One host, one kernel clock: no midpoint "correction" between its processes, so
+    cross-process phases (network) keep their raw, true lengths."""
+    gen = synthetic.generate(120, seed=5, hosts=ONE_HOST)
+    run = analyze(TraceStore.from_documents(gen.documents))
+    for inst in (PROXY_INSTANCE, PREFILL_INSTANCE, DECODE_INSTANCE):
+        o = run.clock_offsets[inst]
+        assert o.host_clock and o.offset_ms == 0.0 and o.bound_ms == 0.0, o
+    # the evidence the pairs alone give is still reported (wider than the tie)
+    assert run.clock_offsets[DECODE_INSTANCE].lo_ms < 0.0 < run.clock_offsets[DECODE_INSTANCE].hi_ms
+
+
+def test_a_host_name_shared_by_two_clocks_is_not_tied() -> None:
+    """Two machines that both call themselves "box", one 50 ms ahead: the pairs
+    contradict a shared clock, so D keeps its own estimate; P stays tied to the proxy."""
+    gen = synthetic.generate(120, seed=5, hosts=ONE_HOST, clock_offsets_ms={DECODE_INSTANCE: 50})
+    run = analyze(TraceStore.from_documents(gen.documents))
+    o = run.clock_offsets[DECODE_INSTANCE]
+    assert not o.host_clock
+    assert abs(o.offset_ms - 50.0) <= o.bound_ms
+    assert run.clock_offsets[PREFILL_INSTANCE].host_clock
+    assert run.clock_offsets[PREFILL_INSTANCE].offset_ms == 0.0

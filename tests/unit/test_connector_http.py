@@ -6,14 +6,20 @@ Starlette's test client: the app sees the body exactly as vLLM would parse it.
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
+import socket
+import threading
 import time
 
 import pytest
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from tracedpush import semconv
+from tracedpush.connector import http as http_connector
 from tracedpush.connector.http import ReceiptMiddleware, mark_received
 
 KEY = semconv.KV_PARAMS_TRACE_KEY
@@ -76,3 +82,72 @@ def test_mark_received_is_a_pure_splice():
     out = mark_received(raw, 123)
     assert json.loads(out)[KEY] == {RECEIVED: 123, "traceparent": "x"}
     assert mark_received(b'{"a": 1}', 5) == b'{"a": 1}'
+
+
+class _BusyLoop:
+    """Outermost middleware that holds the event loop for `hold_s` before the app runs:
+    the API server's loop busy with other requests' work."""
+
+    def __init__(self, app, hold_s: float = 0.05) -> None:
+        self.app, self.hold_s = app, hold_s
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            time.sleep(self.hold_s)
+        await self.app(scope, receive, send)
+
+
+@contextlib.contextmanager
+def _real_server(http: str):
+    """A real uvicorn server (the one vLLM's API server runs) on a free port, in a thread."""
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def echo(request: Request) -> dict:
+        return {"body": await request.json()}
+
+    app.add_middleware(ReceiptMiddleware)
+    app.add_middleware(_BusyLoop)  # added last: outermost, runs before ours
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, http=http, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def _received_after_send_ms(port: int) -> float:
+    body = json.dumps({"prompt": "x", "kv_transfer_params": {KEY: {"traceparent": "t"}}})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.connect()
+    sent = time.time_ns()
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    got = json.loads(conn.getresponse().read())["body"]
+    conn.close()
+    return (got["kv_transfer_params"][KEY][RECEIVED] - sent) / 1e6
+
+
+@pytest.mark.parametrize("http_impl", ["httptools", "h11"])
+def test_received_is_when_the_loop_read_the_bytes_not_when_the_app_ran(http_impl: str):
+    """Real uvicorn, real socket. The loop is held 50 ms between reading the request and
+    running the app: the stamp excludes that wait (it is the API server's, not the
+    network's); without the read clock it would include it."""
+    http_connector.install_read_clock()  # as importing the module does in the API server
+    try:
+        with _real_server(http_impl) as port:
+            after_read = _received_after_send_ms(port)
+            http_connector.uninstall_read_clock()
+            after_call = _received_after_send_ms(port)
+    finally:
+        http_connector.uninstall_read_clock()
+    assert 0.0 <= after_read < 40.0, after_read
+    assert after_call >= 50.0, after_call  # the fallback: when the app was called

@@ -133,6 +133,30 @@ def test_push_legs_overlap_and_no_relay_span():
     run(scenario)
 
 
+@pytest.mark.parametrize("mode", ["push", "pull"])
+def test_each_leg_records_when_its_bytes_left(mode):
+    """`request_sent` (the start of `network`) lies between the leg's start and the
+    engine's handler having the whole body, once per leg."""
+
+    async def scenario():
+        decode = StubEngine("decode", mode=mode)
+        prefill = StubEngine("prefill", mode=mode)
+        async with proxy_rig(mode, [prefill], [decode]) as rig:
+            resp = await rig.client.post("/v1/completions", json=BODY)
+            assert resp.status == 200
+            spans = await all_spans(rig, 3 if mode == "push" else 4)
+        for name, engine in (
+            (semconv.SPAN_PROXY_PREFILL, prefill),
+            (semconv.SPAN_PROXY_DECODE, decode),
+        ):
+            leg = spans[name]
+            sent = [e.timestamp for e in leg.events if e.name == semconv.EVENT_REQUEST_SENT]
+            assert len(sent) == 1, leg.events
+            assert leg.start_time <= sent[0] <= engine.requests[0].seen_ns, name
+
+    run(scenario)
+
+
 def test_client_traceparent_is_continued():
     async def scenario():
         trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"

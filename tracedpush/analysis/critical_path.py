@@ -11,14 +11,16 @@ push: first token <- decode end <- kv.notify end <- kv.notify start <- WRITE lan
       kv.rendezvous end (writer starts it) <- handed_to_writer (writer queue) <-
       max(prefill_finished, registration_arrived) (step handoff) <- whichever input came
       second: P's leg (prefill compute <- compute_started, queue wait <-
-      scheduler_received, api server <- http_received, network <- proxy.prefill sent),
+      scheduler_received, api server <- http_received, network <- proxy.prefill
+      request_sent),
       or D's (registration delivery <- kv.register end, registration <- blocks_allocated,
       queue wait <- scheduler_received, api server <- http_received, network <-
-      proxy.decode sent) <- receipt.
+      proxy.decode request_sent) <- receipt (proxy).
 pull: first token <- decode end <- kv.read end (minus its polling lag) <- kv.read start
       <- kv.desc_prep <- blocks_allocated (step handoff) <- D's queue wait, api server,
-      network <- kv.relay <- proxy.prefill end (response) <- prefill end <- P's prefill
-      compute, queue wait, api server, network <- receipt.
+      network <- proxy.decode request_sent <- relay (kv.relay start) <- proxy.prefill end
+      (response) <- prefill end <- P's prefill compute, queue wait, api server, network
+      <- proxy.prefill request_sent <- receipt (proxy).
 
 Each step cuts a segment [its node, the cursor]; nodes later than the cursor are
 clamped to it (and reported when the excess is more than clock noise), so segments are
@@ -149,12 +151,26 @@ def _need(span: Span | None, name: str) -> str:
 
 
 def _leg(
-    c: _Ctx, span: Span | None, name: str, svc: str, sent: float | None, sent_need: str
+    c: _Ctx,
+    span: Span | None,
+    name: str,
+    svc: str,
+    proxy_leg: Span | None,
+    fallback: float | None,
+    sent_need: str,
 ) -> tuple[list[Step], list[str]]:
     """An engine leg from scheduler_received back to the proxy sending it: queue wait
-    (node scheduler_received), api server (http_received), network (the leg sent).
-    The caller's previous step ends the queue wait (compute_started, blocks_allocated)."""
+    (node scheduler_received), api server (http_received), network (the proxy leg's
+    request_sent; without it, `fallback`: the leg's start). The caller's previous step
+    ends the queue wait (compute_started, blocks_allocated)."""
     problems: list[str] = []
+    sent = c.event(proxy_leg, sc.EVENT_REQUEST_SENT)
+    if sent is None:
+        sent = fallback
+        if proxy_leg is not None:
+            problems.append(
+                _no_event(proxy_leg, sc.EVENT_REQUEST_SENT, "network includes the proxy's work")
+            )
     sched = c.event(span, sc.EVENT_SCHEDULER_RECEIVED)
     http = c.event(span, sc.EVENT_HTTP_RECEIVED)
     steps: list[Step] = []
@@ -258,7 +274,7 @@ def _push_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
             Step(ph.REGISTRATION, s_d, c.start(reg), reg, need=sc.SPAN_KV_REGISTER),
             Step(ph.REGISTRATION, s_d, c.event(dec, sc.EVENT_BLOCKS_ALLOCATED), reg, optional=True),
         ]
-        leg, more = _leg(c, dec, sc.SPAN_DECODE, s_d, c.start(pd), sc.SPAN_PROXY_DECODE)
+        leg, more = _leg(c, dec, sc.SPAN_DECODE, s_d, pd, c.start(pd), sc.SPAN_PROXY_DECODE)
     else:  # prefill finished second (or unknown): P's side is on the path
         compute = c.event(pre, sc.EVENT_COMPUTE_STARTED)
         if pre is not None and compute is None:
@@ -266,7 +282,7 @@ def _push_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
                 _no_event(pre, sc.EVENT_COMPUTE_STARTED, "queue wait and compute are unattributed")
             )
         steps.append(Step(ph.PREFILL_COMPUTE, s_p, compute, pre, need=_need(pre, sc.SPAN_PREFILL)))
-        leg, more = _leg(c, pre, sc.SPAN_PREFILL, s_p, c.start(pp), sc.SPAN_PROXY_PREFILL)
+        leg, more = _leg(c, pre, sc.SPAN_PREFILL, s_p, pp, c.start(pp), sc.SPAN_PROXY_PREFILL)
     steps += [*leg, Step(ph.PROXY, s_x, 0.0, root)]
     return steps, first, problems + more
 
@@ -315,12 +331,12 @@ def _pull_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
         Step(ph.STEP_HANDOFF, s_d, alloc, dec, need=_need(dec, sc.SPAN_DECODE)),
     ]
     if relay is not None:
-        d_leg, more = _leg(c, dec, sc.SPAN_DECODE, s_d, c.end(relay), "")
+        d_leg, more = _leg(c, dec, sc.SPAN_DECODE, s_d, pd, c.end(relay), "")
         steps += [*d_leg, Step(ph.RELAY, s_x, c.start(relay), relay)]
     else:
-        d_leg, more = _leg(c, dec, sc.SPAN_DECODE, s_d, c.start(pd), sc.SPAN_KV_RELAY)
+        d_leg, more = _leg(c, dec, sc.SPAN_DECODE, s_d, pd, c.start(pd), sc.SPAN_KV_RELAY)
         steps += d_leg
-    p_leg, more2 = _leg(c, pre, sc.SPAN_PREFILL, s_p, c.start(pp), sc.SPAN_PROXY_PREFILL)
+    p_leg, more2 = _leg(c, pre, sc.SPAN_PREFILL, s_p, pp, c.start(pp), sc.SPAN_PROXY_PREFILL)
     steps += [
         Step(ph.PROXY, s_x, c.end(pp), root, need=sc.SPAN_PROXY_PREFILL),
         Step(ph.RESPONSE, s_p, c.end(pre), None, need=sc.SPAN_PREFILL),

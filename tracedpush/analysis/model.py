@@ -204,6 +204,7 @@ class ClockOffset:
     hi_ms: float = float("inf")
     reference: bool = False  # the clock everything else is expressed in
     consistent: bool = True  # False: the evidence contradicted itself (lo > hi)
+    host_clock: bool = False  # tied to the other instances on its host (one kernel clock)
 
     def to_json(self) -> dict[str, Any]:
         def num(x: float) -> float | None:
@@ -218,4 +219,5 @@ class ClockOffset:
             "hi_ms": num(self.hi_ms),
             "reference": self.reference,
             "consistent": self.consistent,
+            "host_clock": self.host_clock,
         }

@@ -18,13 +18,13 @@ from __future__ import annotations
 from typing import Final
 
 # every leg (P's, D's)
-NETWORK: Final = "network"  # proxy sends the leg -> engine's HTTP server has it
+NETWORK: Final = "network"  # the leg's bytes leave the proxy -> the engine's loop reads them
 API_SERVER: Final = "api server"  # http_received -> scheduler_received
 QUEUE_WAIT: Final = "queue wait"  # scheduler_received -> compute_started / blocks_allocated
 PREFILL_COMPUTE: Final = "prefill compute"  # P: compute_started -> prefill finished
 # pull, after prefill
 RESPONSE: Final = "response"  # P finished -> the proxy has P's answer (proxy.prefill end)
-RELAY: Final = "relay"  # kv.relay in the proxy (P's answer -> D's request)
+RELAY: Final = "relay"  # kv.relay start (P's answer) -> D's request bytes out
 # push, D's side of the rendezvous
 REGISTRATION: Final = "registration"  # kv.register: blocks allocated -> registration sent
 REGISTRATION_DELIVERY: Final = "registration delivery"  # kv.register end -> P's writer has it
@@ -41,7 +41,7 @@ NOTIFICATION: Final = "notification"  # push: data landed -> first notification 
 NOTIFY_COUNTING: Final = "notification counting"  # kv.notify: first -> last notification
 DECODE_SCHEDULING: Final = "decode scheduling"  # D: KV complete -> first token scheduled
 FIRST_DECODE_STEP: Final = "first decode step"  # D: scheduled -> first token at the proxy
-PROXY: Final = "proxy"  # the proxy's own work: receipt -> leg sent; first token -> client
+PROXY: Final = "proxy"  # the proxy's own work: receipt -> leg's bytes out; token -> client
 UNATTRIBUTED: Final = "unattributed"  # a gap whose bounding spans or events are missing
 
 PHASES: Final = (
@@ -73,8 +73,8 @@ PHASES: Final = (
 REMOVED: Final = ("prefill", "decode admission", "rendezvous wait")
 
 DESCRIPTIONS: Final = {
-    NETWORK: "transport: the proxy sends a leg -> the engine's HTTP server has it "
-    "(proxy.prefill / proxy.decode start, or kv.relay end -> http_received)",
+    NETWORK: "transport: a leg's bytes leave the proxy -> the engine's HTTP server reads "
+    "them (proxy.prefill / proxy.decode request_sent -> http_received)",
     API_SERVER: "the engine's API server: HTTP parsing, tokenization, IPC to the engine "
     "core (http_received -> scheduler_received)",
     QUEUE_WAIT: "the scheduler's waiting queue (scheduler_received -> compute_started on P, "
@@ -82,7 +82,8 @@ DESCRIPTIONS: Final = {
     PREFILL_COMPUTE: "P: first scheduled -> prefill finished, chunked steps included "
     "(compute_started -> prefill end; vLLM's request_prefill_time)",
     RESPONSE: "pull: P finished -> the proxy has P's answer (prefill end -> proxy.prefill end)",
-    RELAY: "pull: the proxy relays P's kv_transfer_params to D (kv.relay)",
+    RELAY: "pull: the proxy relays P's kv_transfer_params to D (kv.relay start -> "
+    "proxy.decode request_sent)",
     REGISTRATION: "push, D: blocks allocated -> registration sent (kv.register)",
     REGISTRATION_DELIVERY: "push: registration sent by D -> drained by P's writer "
     "(kv.register end -> registration_arrived)",
@@ -104,6 +105,6 @@ DESCRIPTIONS: Final = {
     NOTIFY_COUNTING: "kv.notify: first -> last expected completion notification",
     DECODE_SCHEDULING: "D: KV complete -> request scheduled for its first step",
     FIRST_DECODE_STEP: "D: first step computed and the token sent to the proxy",
-    PROXY: "the proxy's own work (before sending a leg, relaying the first token)",
+    PROXY: "the proxy's own work (receipt -> a leg's bytes out, relaying the first token)",
     UNATTRIBUTED: "a gap whose bounding spans or events are missing from the trace",
 }

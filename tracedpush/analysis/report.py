@@ -122,6 +122,10 @@ def _offsets(run: RunAnalysis) -> str:
             note = "no causal pairs: not corrected"
         elif not o.consistent:
             note = "evidence contradicts itself"
+        elif o.host_clock:
+            note = "on the same host: one clock" + (
+                "" if o.offset_ms == 0.0 else " with its host's offset"
+            )
         elif o.lo_ms <= 0.0 <= o.hi_ms:
             note = "0 is consistent with the evidence" + (
                 "" if o.offset_ms == 0.0 else " (midpoint applied)"

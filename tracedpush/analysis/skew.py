@@ -11,9 +11,13 @@ How the offset is chosen (and why):
 
 * The clock domains are instances (``service.instance.id``, split by ``host.name`` if an
   instance spans hosts); the reference is the proxy (the clock TTFT is measured on).
-  Per instance rather than per host, so an instance whose clock differs from a
-  neighbour's on the same host is still caught; instances truly sharing a clock get
-  compatible intervals anyway.
+* Instances on one host read one kernel clock (CLOCK_REALTIME is system-wide; time
+  namespaces do not virtualise it), so they are tied to one offset: zero-weight edges
+  both ways between them. An instance whose pairs contradict the tie (a negative cycle:
+  two machines with the same ``host.name``) keeps its own offset.
+  Without the tie, a 1P1D on one box got "corrections" of several ms between processes
+  reading the same clock, which moved milliseconds between `network` and its
+  neighbours.
 * The tightest bounds follow from all pairs at once (shortest paths over the
   constraint graph, so P<->D pairs such as WRITE -> notification tighten both).
 * The offset is the midpoint of the interval (NTP's symmetric-delay assumption), so it
@@ -22,8 +26,9 @@ How the offset is chosen (and why):
   moves its estimate by exactly that constant and changes no attribution. The price:
   two clocks that are really equal (one host) get a correction of up to half the
   asymmetry between the delays the pairs bracket; the interval then contains 0, which
-  the report shows. Policy "zero" instead keeps 0 whenever the interval contains it
-  (smallest correction; not shift-equivariant).
+  the report shows (the host tie removes that error for instances on the proxy's host).
+  Policy "zero" instead keeps 0 whenever the interval contains it (smallest correction;
+  not shift-equivariant).
 * Evidence from one direction only (a half-open interval) gets the smallest correction
   it forces (often 0); no evidence at all gets 0 with an infinite bound.
 * ``lo_ms``/``hi_ms`` are what the pairs alone allow; ``bound_ms`` is the largest error
@@ -170,7 +175,9 @@ def estimate(
     for r, label in dom.items():
         host.setdefault(label, r.host)
     nodes = sorted(set(dom.values()) | {reference})
-    w: dict[tuple[str, str], float] = dict(edges.w)
+    d0 = _shortest(nodes, edges.w)  # what the pairs alone allow, for the report
+    pairs_only = {x: (-d0[x][reference], d0[reference][x]) for x in nodes}
+    w, tied = _tie_hosts(nodes, dict(edges.w), host, reference)
     out: dict[str, ClockOffset] = {
         reference: ClockOffset(
             reference,
@@ -181,6 +188,7 @@ def estimate(
             0.0,
             0.0,
             reference=True,
+            host_clock=reference in tied,
         )
     }
     d = _shortest(nodes, w)
@@ -208,15 +216,17 @@ def estimate(
         lo0, hi0 = evidence[x]
         consistent = lo0 <= hi0 and lo <= hi
         bound = max(value - lo0, hi0 - value) if consistent else abs(hi0 - lo0) / 2.0
+        shown = pairs_only[x] if consistent_graph else (lo0, hi0)
         out[x] = ClockOffset(
             instance=x,
             offset_ms=value / 1e6,
             bound_ms=bound / 1e6,
             pairs=edges.n.get(x, 0),
             host=host.get(x, ""),
-            lo_ms=lo0 / 1e6,
-            hi_ms=hi0 / 1e6,
+            lo_ms=shown[0] / 1e6,
+            hi_ms=shown[1] / 1e6,
             consistent=consistent,
+            host_clock=x in tied,
         )
         if consistent_graph:
             w[(reference, x)] = min(w.get((reference, x), INF), value)
@@ -224,6 +234,29 @@ def estimate(
             d = _shortest(nodes, w)
             consistent_graph = all(d[k][k] >= -1e-6 for k in nodes)
     return out
+
+
+def _tie_hosts(
+    nodes: list[str], w: dict[tuple[str, str], float], host: Mapping[str, str], reference: str
+) -> tuple[dict[tuple[str, str], float], set[str]]:
+    """`w` with same-host domains tied to one offset where the pairs agree, and the
+    tied domains. Each host's first domain (its reference, if there) anchors the
+    others; one whose pairs contradict the anchor's clock stays untied."""
+    groups: dict[str, list[str]] = {}
+    for x in sorted(nodes, key=lambda n: (n != reference, n)):
+        if host.get(x):
+            groups.setdefault(host[x], []).append(x)
+    tied: set[str] = set()
+    for anchor, *others in groups.values():
+        for x in others:
+            trial = dict(w)
+            trial[(anchor, x)] = min(trial.get((anchor, x), INF), 0.0)
+            trial[(x, anchor)] = min(trial.get((x, anchor), INF), 0.0)
+            d = _shortest(nodes, trial)
+            if all(d[k][k] >= 0 for k in nodes):
+                w = trial
+                tied.update((anchor, x))
+    return w, tied
 
 
 def _choose(lo: float, hi: float, policy: str) -> float:

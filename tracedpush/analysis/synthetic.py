@@ -39,6 +39,7 @@ DEFAULT_HOSTS = {
 BLOCK_TOKENS = 16
 KV_BYTES_PER_TOKEN = 4096
 PREFILL_CHUNK_TOKENS = 512  # tokens per prefill engine step (tracedpush.prefill.steps)
+PROXY_BUILD_MS = 0.1  # a proxy leg: span start -> its bytes written (request_sent)
 
 
 @dataclass(slots=True)
@@ -340,7 +341,8 @@ class _Sim:
         # Every engine leg: network (proxy -> HTTP server), api server (HTTP, tokenization,
         # IPC; vLLM's arrival_time is stamped after tokenization), queue wait (FIFO).
         pp_start = t + 0.2 + rng.random() * 0.1
-        p_http = pp_start + self.net()
+        p_sent = pp_start + PROXY_BUILD_MS  # the leg's bytes leave the proxy
+        p_http = p_sent + self.net()
         p_api = 0.4 + prompt * 0.0002 + rng.uniform(0.0, 0.3) * load
         p_arrival = p_http + 0.6 * p_api
         p_sched = p_http + p_api
@@ -357,7 +359,8 @@ class _Sim:
         handoff = writer_q = reg_wait = 0.0
         if mode == "push":
             pd_start = t + 0.25 + rng.random() * 0.1
-            d_http = pd_start + self.net()
+            d_sent = pd_start + PROXY_BUILD_MS
+            d_http = d_sent + self.net()
             d_api = 0.3 + prompt * 0.0001 + rng.uniform(0.0, 0.2)
             d_sched = d_http + d_api
             alloc = d_sched + rng.uniform(0.2, step)
@@ -393,7 +396,8 @@ class _Sim:
             relay_start = pp_end + 0.05
             relay_end = relay_start + 0.1 + rng.uniform(0.0, 0.1)
             pd_start = relay_end
-            d_http = pd_start + self.net()
+            d_sent = pd_start + PROXY_BUILD_MS
+            d_http = d_sent + self.net()
             d_api = 0.3 + prompt * 0.0001 + rng.uniform(0.0, 0.2)
             d_sched = d_http + d_api
             alloc = d_sched + rng.uniform(0.1, 1.0)
@@ -487,6 +491,7 @@ class _Sim:
             pp_end,
             {**leg, sc.ENGINE_ID: PREFILL_INSTANCE, sc.UPSTREAM_URL: "http://p-host:8100"},
             kind=3,
+            events=[(sc.EVENT_REQUEST_SENT, p_sent)],
         )
         http_ev = [(sc.EVENT_HTTP_RECEIVED, p_http)] if self.http_received else []
         pre = emit(
@@ -525,7 +530,7 @@ class _Sim:
             pd_end,
             {**leg, sc.ENGINE_ID: DECODE_INSTANCE, sc.UPSTREAM_URL: "http://d-host:8200"},
             kind=3,
-            events=[(sc.EVENT_FIRST_TOKEN, pd_ft)],
+            events=[(sc.EVENT_REQUEST_SENT, d_sent), (sc.EVENT_FIRST_TOKEN, pd_ft)],
         )
         dec = emit(
             "d_sched",
@@ -723,19 +728,25 @@ class _Sim:
 
 
 def shift_documents(
-    docs: Iterable[dict[str, Any]], instance: str, delta_ms: float
+    docs: Iterable[dict[str, Any]], instance: str, delta_ms: float, *, own_hosts: bool = False
 ) -> list[dict[str, Any]]:
     """Copies of OTLP `TracesData` documents with every timestamp of one instance
-    (resource ``service.instance.id``) moved by `delta_ms`: a clock `delta_ms` ahead."""
+    (resource ``service.instance.id``) moved by `delta_ms`: a clock `delta_ms` ahead.
+    `own_hosts`: also rename every instance's ``host.name`` to its instance id, so a
+    one-host run reads as one host per instance (whose clocks are not tied)."""
     delta = round(delta_ms * 1e6)
     out = []
     for doc in docs:
         doc = copy.deepcopy(doc)
         for rs in doc.get("resourceSpans") or ():
-            attrs = {
-                a["key"]: a["value"] for a in (rs.get("resource") or {}).get("attributes") or ()
-            }
-            if attrs.get(sc.RES_SERVICE_INSTANCE_ID, {}).get("stringValue") != instance:
+            res_attrs = (rs.get("resource") or {}).get("attributes") or ()
+            attrs = {a["key"]: a["value"] for a in res_attrs}
+            inst = attrs.get(sc.RES_SERVICE_INSTANCE_ID, {}).get("stringValue")
+            if own_hosts and inst is not None:
+                for a in res_attrs:
+                    if a["key"] == sc.RES_HOST_NAME:
+                        a["value"] = {"stringValue": inst}
+            if inst != instance:
                 continue
             for ss in rs.get("scopeSpans") or ():
                 for s in ss.get("spans") or ():
@@ -748,9 +759,15 @@ def shift_documents(
 
 
 def shift_directory(
-    src: str | os.PathLike[str], dst: str | os.PathLike[str], instance: str, delta_ms: float
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    instance: str,
+    delta_ms: float,
+    *,
+    own_hosts: bool = False,
 ) -> int:
-    """Copy a traces directory, shifting one instance's clock; returns lines written.
+    """Copy a traces directory, shifting one instance's clock (and with `own_hosts`,
+    giving each instance its own host; see `shift_documents`); returns lines written.
     Lines that do not parse are copied unchanged."""
     src, dst = Path(src), Path(dst)
     n = 0
@@ -766,7 +783,7 @@ def shift_directory(
                 except ValueError:
                     fout.write(line)
                     continue
-                (doc,) = shift_documents([doc], instance, delta_ms)
+                (doc,) = shift_documents([doc], instance, delta_ms, own_hosts=own_hosts)
                 fout.write(json.dumps(doc, separators=(",", ":")) + "\n")
                 n += 1
     return n

@@ -13,10 +13,21 @@ that dict; the scheduler-side connector reads it and the request's `prefill` / `
 span gets an ``http_received`` event. The body is never parsed: one regex search over
 its bytes finds the dict, so the cost is microseconds on the API server's event loop and
 nothing on the engine. Any other request passes through untouched.
+
+*When* the HTTP server had it: uvicorn hands a request to the app in a task of its own,
+which runs after whatever else the event loop has ready (other requests' tokenization,
+streaming). That wait is the API server's, not the network's. So the middleware, when
+built, wraps uvicorn's HTTP protocols' ``data_received`` to stamp the moment the loop
+read the request's first bytes into the ASGI scope (`SCOPE_KEY`), and uses that; under
+another server it falls back to the moment the app is called. The wrapping happens when
+this module is imported, which vLLM's ``--middleware`` does while building its app, before
+it serves (Starlette builds middleware instances only at the first request, too late for
+that request). `uninstall_read_clock` undoes it.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from time import time_ns
@@ -32,6 +43,48 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _MARKER = re.compile(rb'"' + semconv.KV_PARAMS_TRACE_KEY.encode() + rb'"\s*:\s*\{')
 _MAX_BODY = 64 << 20  # larger bodies are passed through unmarked rather than buffered
+
+SCOPE_KEY = "tracedpush.http_read_ns"  # scope key: the loop read the request's first bytes
+_PROTOCOLS = (  # uvicorn's HTTP/1.1 protocols (`--http auto` picks httptools)
+    ("uvicorn.protocols.http.httptools_impl", "HttpToolsProtocol"),
+    ("uvicorn.protocols.http.h11_impl", "H11Protocol"),
+)
+_WRAPPED: dict[type, Callable[..., None]] = {}  # protocol class -> its own data_received
+
+
+def _read_clock(data_received: Callable[[Any, bytes], None]) -> Callable[[Any, bytes], None]:
+    def data_received_stamped(self: Any, data: bytes) -> None:
+        t = time_ns()
+        data_received(self, data)
+        # a request begun by these bytes has a fresh scope without our key (a body's
+        # later chunks find it already there)
+        scope = getattr(self, "scope", None)
+        if type(scope) is dict and SCOPE_KEY not in scope:
+            scope[SCOPE_KEY] = t
+
+    return data_received_stamped
+
+
+def install_read_clock() -> list[str]:
+    """Wrap uvicorn's HTTP protocols (idempotent); returns the classes wrapped now."""
+    done = []
+    for module, name in _PROTOCOLS:
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):  # that parser is not installed
+            continue
+        if cls in _WRAPPED or not callable(getattr(cls, "data_received", None)):
+            continue
+        _WRAPPED[cls] = cls.data_received
+        cls.data_received = _read_clock(cls.data_received)
+        done.append(f"{module}.{name}")
+    return done
+
+
+def uninstall_read_clock() -> None:
+    for cls, original in _WRAPPED.items():
+        cls.data_received = original
+    _WRAPPED.clear()
 
 
 def mark_received(body: bytes, received_ns: int) -> bytes:
@@ -50,12 +103,13 @@ class ReceiptMiddleware:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        install_read_clock()  # again, in case it was uninstalled since the import
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http" or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
-        received_ns = time_ns()  # headers parsed: the HTTP server has the request
+        received_ns = scope.get(SCOPE_KEY) or time_ns()
         chunks: list[bytes] = []
         size = 0
         more = True
@@ -84,3 +138,6 @@ class ReceiptMiddleware:
             return await receive()
 
         await self.app(scope, replay_receive, send)
+
+
+install_read_clock()  # see the module docstring

@@ -44,7 +44,7 @@ from tracedpush.proxy.params import (
 )
 from tracedpush.proxy.routing import HealthMonitor, Instance, Pool, check_health
 from tracedpush.proxy.sse import inspect_event
-from tracedpush.proxy.upstream import Timeouts, UpstreamClient
+from tracedpush.proxy.upstream import SendClock, Timeouts, UpstreamClient, send_clock_trace
 
 log = logging.getLogger(__name__)
 
@@ -247,10 +247,12 @@ async def prefill_leg(ex: Exchange, inst: Instance) -> dict[str, Any]:
     span = state.spans.start_leg(ex.root, semconv.SPAN_PROXY_PREFILL, inst)
     body = prefill_body(ex.body)
     ex.add_trace_context(body[KV_PARAMS], span)
+    sent = SendClock()
     try:
         resp = await state.upstream.post(
-            "prefill", inst, ex.route, body, ex.leg_headers(span), deadline=ex.deadline
+            "prefill", inst, ex.route, body, ex.leg_headers(span), deadline=ex.deadline, sent=sent
         )
+        proxy_spans.sent(span, sent)
         span.set_attribute(semconv.HTTP_STATUS, resp.status)
         data, _ = await state.upstream.read_json("prefill", inst, resp, deadline=ex.deadline)
         ex.prefill_done_ns = time.time_ns()
@@ -270,6 +272,7 @@ async def prefill_leg(ex: Exchange, inst: Instance) -> dict[str, Any]:
             proxy_spans.fail(span, *ex.cancel_cause())
         raise
     finally:
+        proxy_spans.sent(span, sent)  # a leg that failed after sending still says so
         proxy_spans.end(span, ex.prefill_done_ns)
 
 
@@ -297,6 +300,7 @@ async def decode_leg(ex: Exchange, inst: Instance, span: Span, kv: dict[str, Any
     body, injected_usage = decode_body(ex.body, kv)
     loop = asyncio.get_running_loop()
     first_byte_at = loop.time() + state.upstream.timeouts.first_byte
+    sent = SendClock()
     try:
         resp = await state.upstream.post(
             "decode",
@@ -306,7 +310,9 @@ async def decode_leg(ex: Exchange, inst: Instance, span: Span, kv: dict[str, Any
             ex.leg_headers(span),
             deadline=ex.deadline,
             first_byte_at=first_byte_at,
+            sent=sent,
         )
+        proxy_spans.sent(span, sent)
         span.set_attribute(semconv.HTTP_STATUS, resp.status)
         if ex.stream and resp.status == 200:
             await _relay_stream(ex, inst, span, resp, injected_usage, first_byte_at)
@@ -329,6 +335,7 @@ async def decode_leg(ex: Exchange, inst: Instance, span: Span, kv: dict[str, Any
             proxy_spans.fail(span, *ex.cancel_cause())
         raise
     finally:
+        proxy_spans.sent(span, sent)
         proxy_spans.end(span)
 
 
@@ -591,6 +598,7 @@ async def _lifecycle(app: web.Application) -> Any:
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0),
         timeout=aiohttp.ClientTimeout(total=None),
+        trace_configs=[send_clock_trace()],
     )
     # Passive marking (a refused connection excludes the instance) only when periodic
     # checks run to bring it back.

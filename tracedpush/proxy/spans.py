@@ -16,6 +16,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from tracedpush import __version__, semconv
 from tracedpush.proxy.routing import Instance
+from tracedpush.proxy.upstream import SendClock
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -103,6 +104,13 @@ def fail(span: Span, error_type: str, description: str) -> None:
 def _failed(span: Span) -> bool:
     attributes = getattr(span, "attributes", None) or {}
     return semconv.ERROR_TYPE in attributes
+
+
+def sent(span: Span, clock: SendClock) -> None:
+    """Record the leg's ``request_sent`` event once: its bytes left for the engine."""
+    ns, clock.ns = clock.ns, None
+    if ns is not None and span.is_recording():
+        span.add_event(semconv.EVENT_REQUEST_SENT, timestamp=ns)
 
 
 def end(span: Span, end_ns: int | None = None) -> None:

@@ -35,6 +35,7 @@ class Recorded:
     headers: CIMultiDict[str]
     body: dict[str, Any]
     seen_at: float = field(default_factory=time.monotonic)
+    seen_ns: int = field(default_factory=time.time_ns)  # unix ns, comparable to span times
 
 
 @dataclass

@@ -5,12 +5,17 @@ Three bounds (docs/proxy.md, "Timeouts"): *connect* (TCP connect to the engine),
 event for a streamed one: it covers queueing, prefill and, for D, the KV transfer)
 and *total* (the whole client request). Closing an engine connection is how vLLM
 learns to abort the request, so every failure or cancellation closes it.
+
+A leg's ``network`` phase starts when its bytes leave, not when the proxy starts
+building it: `send_clock_trace` is an aiohttp trace that stamps a `SendClock` when
+the request's last chunk is written to the socket.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -23,6 +28,32 @@ from tracedpush.proxy.routing import Instance
 from tracedpush.proxy.sse import EventSplitter
 
 T = TypeVar("T")
+
+
+class SendClock:
+    """When a request's last chunk was handed to the socket (unix ns), or None."""
+
+    __slots__ = ("ns",)
+
+    def __init__(self) -> None:
+        self.ns: int | None = None
+
+
+async def _on_chunk_sent(
+    _session: aiohttp.ClientSession,
+    ctx: Any,
+    _params: aiohttp.TraceRequestChunkSentParams,
+) -> None:
+    clock = ctx.trace_request_ctx
+    if isinstance(clock, SendClock):
+        clock.ns = time.time_ns()  # aiohttp calls this just before the write, per chunk
+
+
+def send_clock_trace() -> aiohttp.TraceConfig:
+    """The trace config a session needs for `UpstreamClient.post(sent=...)` to work."""
+    config = aiohttp.TraceConfig()
+    config.on_request_chunk_sent.append(_on_chunk_sent)
+    return config
 
 
 @dataclass(frozen=True)
@@ -102,12 +133,18 @@ class UpstreamClient:
         *,
         deadline: float,
         first_byte_at: float | None = None,
+        sent: SendClock | None = None,
     ) -> aiohttp.ClientResponse:
-        """Send; return once the response head arrived (status not checked)."""
+        """Send; return once the response head arrived (status not checked). `sent` is
+        stamped when the body leaves (with a session built with `send_clock_trace`)."""
         if first_byte_at is None:
             first_byte_at = asyncio.get_running_loop().time() + self.timeouts.first_byte
         request = self.session.post(
-            instance.url + path, json=body, headers=headers, timeout=self._client_timeout
+            instance.url + path,
+            json=body,
+            headers=headers,
+            timeout=self._client_timeout,
+            trace_request_ctx=sent,
         )
         return await self.bounded(
             request, leg, instance, deadline=deadline, first_byte_at=first_byte_at
