@@ -13,13 +13,14 @@ ifneq ($(MODEL_DIR),)
 export TRACEDPUSH_MODEL_DIR := $(abspath $(MODEL_DIR))
 endif
 
-.PHONY: help install test demo model lint format clean distclean
+.PHONY: help install test check demo model lint format clean distclean
 
 help:
 	@echo "make test      install (first time) and run the whole test suite"
 	@echo "make demo      install, build the tiny model if absent, run push vs pull demo"
 	@echo "make install   create $(VENV) and install tracedpush with the CPU vLLM stack"
 	@echo "make model     build the tiny local Qwen2 model (no network)"
+	@echo "make check     ruff check, ruff format --check, import-layer contracts (part of test)"
 	@echo "make lint      ruff check + ruff format --check"
 	@echo "make format    ruff format + ruff check --fix"
 	@echo "make clean     remove caches and run/trace outputs; distclean also removes $(VENV)"
@@ -28,8 +29,14 @@ help:
 install:
 	@EXTRAS=$(EXTRAS) bash scripts/install.sh $(VENV)
 
-test: install
+test: install check
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# ruff, plus the import-layer contracts in pyproject.toml ([tool.importlinter])
+check: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 model: install
 	$(VENV)/bin/tracedpush model build

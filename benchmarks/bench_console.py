@@ -1,6 +1,6 @@
 """Console first render for 10,000 requests: the issue's "under 2 s" target.
 
-Generates synthetic push/pull traces (tracedpush.analysis.synthetic), then measures:
+Generates synthetic push/pull traces (tracedpush.testing.synthetic), then measures:
 
 * load + analysis of the directory, once per server (cold; cached afterwards),
 * each page's first render for a new session with the analysis cached (AppTest, the
@@ -31,15 +31,15 @@ APP = REPO / "console" / "app.py"
 OUT = REPO / "docs" / "benchmarks"
 PAGES = {  # page -> (AppTest page path, URL path, charts it draws)
     "overview": (None, "", 5),
-    "timeline": ("pages/timeline.py", "timeline", 1),
-    "phases": ("pages/phases.py", "phases", 1),
-    "live": ("pages/live.py", "live", 1),
-    "export": ("pages/export.py", "export", 0),
+    "timeline": ("views/timeline.py", "timeline", 1),
+    "phases": ("views/phases.py", "phases", 1),
+    "live": ("views/live.py", "live", 1),
+    "export": ("views/export.py", "export", 0),
 }
 
 
 def _write_traces(n: int, directory: Path) -> float:
-    from tracedpush.analysis.synthetic import generate
+    from tracedpush.testing.synthetic import generate
 
     started = time.perf_counter()
     generate(n, seed=1, clock_offsets_ms={"decode-0": 5.0}, start_unix_s=time.time() - 3600).write(
@@ -96,7 +96,7 @@ def _apptest(directory: Path, repeats: int) -> dict[str, dict[str, float]]:
 
 
 def _visit(driver, url: str, charts: int) -> float:
-    from tracedpush.console import browser
+    from tracedpush.testing import browser
 
     started = time.perf_counter()
     driver.get(url)
@@ -106,8 +106,8 @@ def _visit(driver, url: str, charts: int) -> float:
 
 def _browser(directory: Path, repeats: int) -> dict[str, dict[str, float]]:
     """Chromium against `streamlit run`: every page load is a new Streamlit session."""
-    from tracedpush.console import browser
-    from tracedpush.console_command import ConsoleServer
+    from tracedpush.testing import browser
+    from tracedpush.testing.console_server import ConsoleServer
 
     missing = browser.available()
     if missing:
@@ -136,7 +136,7 @@ def _markdown(result: dict) -> str:
         f"{result['machine']} ({result['cpus']} CPUs), {result['date']}; 1-minute load "
         f"average {result['loadavg_start']:.1f} at the start, {result['loadavg_end']:.1f} at "
         "the end (other work shared the machine).",
-        "Synthetic push/pull traces (`tracedpush.analysis.synthetic`): "
+        "Synthetic push/pull traces (`tracedpush.testing.synthetic`): "
         f"{result['load']['requests']:,} requests, {result['load']['spans']:,} spans.",
         "",
         "| what | median s | max s |",

@@ -1,6 +1,6 @@
 """Benchmark `tracedpush report` on 10,000 synthetic requests (target: under 5 s).
 
-Generates realistic push and pull traces (tracedpush.analysis.synthetic) as OTLP JSON
+Generates realistic push and pull traces (tracedpush.testing.synthetic) as OTLP JSON
 lines in a temporary directory, then times what `tracedpush report` does: load the
 directory, analyse (clock skew + critical paths), compare push vs pull, render the
 table. JSON and Perfetto rendering, and an incremental refresh after the directory
@@ -26,8 +26,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tracedpush.analysis import TraceStore, analyze, compare, synthetic, to_perfetto
+from tracedpush.analysis import TraceStore, analyze, compare, run_json, to_perfetto
 from tracedpush.analysis.report import render
+from tracedpush.testing import synthetic
 
 TARGET_S = 5.0
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "report.json"
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             record("compare", w, c)
             _, w, c = timed(lambda: render(run, cmp=cmp))  # noqa: B023
             record("render_table", w, c)
-            _, w, c = timed(lambda: json.dumps(run.to_json()))  # noqa: B023
+            _, w, c = timed(lambda: json.dumps(run_json(run)))  # noqa: B023
             record("render_json", w, c)
             _, w, c = timed(lambda: json.dumps(to_perfetto(run)))  # noqa: B023
             record("render_perfetto", w, c)

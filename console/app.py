@@ -6,14 +6,6 @@ streamlit run console/app.py -- --jaeger http://localhost:16686
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-try:
-    import tracedpush  # noqa: F401
-except ImportError:  # `streamlit run console/app.py` from a checkout that is not installed
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import streamlit as st
 
 from tracedpush.console import data, ui
@@ -22,11 +14,11 @@ from tracedpush.console.source import Source
 st.set_page_config(page_title="tracedpush console", page_icon=":material/timeline:", layout="wide")
 
 PAGES = [
-    st.Page("pages/overview.py", title="Overview", icon=":material/compare_arrows:", default=True),
-    st.Page("pages/timeline.py", title="Request timeline", icon=":material/view_timeline:"),
-    st.Page("pages/phases.py", title="Phases", icon=":material/stacked_bar_chart:"),
-    st.Page("pages/live.py", title="Live", icon=":material/monitoring:"),
-    st.Page("pages/export.py", title="Export", icon=":material/download:"),
+    st.Page("views/overview.py", title="Overview", icon=":material/compare_arrows:", default=True),
+    st.Page("views/timeline.py", title="Request timeline", icon=":material/view_timeline:"),
+    st.Page("views/phases.py", title="Phases", icon=":material/stacked_bar_chart:"),
+    st.Page("views/live.py", title="Live", icon=":material/monitoring:"),
+    st.Page("views/export.py", title="Export", icon=":material/download:"),
 ]
 
 

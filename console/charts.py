@@ -24,50 +24,6 @@ from tracedpush.console.selection import mode_order
 MODE_COLORS = {"push": "#1f77b4", "pull": "#d62728", "unknown": "#7f7f7f"}
 DIM = 0.3  # opacity of spans and phases that did not delay the first token
 
-# One colour per phase, in pipeline order (tab20-like, distinct neighbours).
-_PALETTE = (
-    "#c7c7c7",  # network
-    "#dbdb8d",  # api server
-    "#98df8a",  # queue wait
-    "#2ca02c",  # prefill compute
-    "#aec7e8",  # response
-    "#9467bd",  # relay
-    "#17becf",  # registration
-    "#9edae5",  # registration delivery
-    "#f7b6d2",  # registration wait
-    "#bcbd22",  # step handoff
-    "#7f7f7f",  # writer queue
-    "#8c564b",  # handshake
-    "#e377c2",  # descriptor prep
-    "#1f77b4",  # WRITE
-    "#d62728",  # READ
-    "#ff9896",  # completion polling lag
-    "#ff7f0e",  # notification
-    "#ffbb78",  # notification counting
-    "#c5b0d5",  # decode scheduling
-    "#393b79",  # first decode step
-    "#9e9e9e",  # proxy
-    "#000000",  # unattributed
-)
-PHASE_COLORS: dict[str, str] = dict(zip(ph.PHASES, _PALETTE, strict=False))
-
-# Spans take the colour of the phase they mostly account for.
-SPAN_PHASE = {
-    sc.SPAN_REQUEST: ph.PROXY,
-    sc.SPAN_PROXY_PREFILL: ph.NETWORK,
-    sc.SPAN_PROXY_DECODE: ph.NETWORK,
-    sc.SPAN_KV_RELAY: ph.RELAY,
-    sc.SPAN_PREFILL: ph.PREFILL_COMPUTE,
-    sc.SPAN_DECODE: ph.QUEUE_WAIT,
-    sc.SPAN_KV_REGISTER: ph.REGISTRATION,
-    sc.SPAN_KV_RENDEZVOUS: ph.WRITER_QUEUE,
-    sc.SPAN_KV_HANDSHAKE: ph.HANDSHAKE,
-    sc.SPAN_KV_DESC_PREP: ph.DESC_PREP,
-    sc.SPAN_KV_WRITE: ph.WRITE,
-    sc.SPAN_KV_READ: ph.READ,
-    sc.SPAN_KV_NOTIFY: ph.NOTIFY_COUNTING,
-}
-
 CRITICAL_LANE = "critical path"
 HIDDEN_LANE = "overlapped (hidden)"
 STEP_LANES = {"prefill": "P engine steps", "decode": "D engine steps"}
@@ -83,11 +39,13 @@ _SERVICE_SHORT = {sc.SERVICE_PROXY: "proxy", sc.SERVICE_PREFILL: "P", sc.SERVICE
 
 
 def phase_color(phase: str) -> str:
-    if phase in PHASE_COLORS:
-        return PHASE_COLORS[phase]
-    if phase in SPAN_PHASE:
-        return PHASE_COLORS[SPAN_PHASE[phase]]
-    return _PALETTE[sum(map(ord, phase)) % len(_PALETTE)]
+    """A phase's colour (analysis.phases.COLORS); a span name takes its phase's colour."""
+    if phase in ph.COLORS:
+        return ph.COLORS[phase]
+    if phase in ph.SPAN_PHASE:
+        return ph.COLORS[ph.SPAN_PHASE[phase]]
+    palette = tuple(ph.COLORS.values())
+    return palette[sum(map(ord, phase)) % len(palette)]
 
 
 def phase_description(phase: str, width: int = 70) -> str:
@@ -202,7 +160,7 @@ def _span_bar(spans: Sequence[Any], req: Any, *, critical: bool) -> go.Bar:
         textposition="inside",
         insidetextanchor="middle",
         marker={
-            "color": [phase_color(SPAN_PHASE.get(s.name, s.name)) for s in spans],
+            "color": [phase_color(s.name) for s in spans],
             "opacity": 1.0 if critical else DIM,
             "line": {
                 "width": [2 if s.status == "error" else (1 if critical else 0) for s in spans],

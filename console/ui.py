@@ -19,7 +19,7 @@ from tracedpush.console.source import Source, from_args
 
 REQUEST_KEY = "request"  # session state and query parameter: selected trace id
 SOURCE_KEY = "source"  # session state: a Source chosen in the sidebar
-TIMELINE_PAGE = "pages/timeline.py"
+TIMELINE_PAGE = "views/timeline.py"
 AUTO_REFRESH_S = 10.0
 
 

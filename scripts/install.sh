@@ -83,15 +83,18 @@ find_python() {
     exit 1
 }
 
-# What the install depends on: pyproject's [build-system] and [project] tables (not tool
-# settings such as [tool.ruff], whose edits need no reinstall) and this script.
+# What the install depends on: pyproject's [build-system] and [project] tables, the
+# package layout in [tool.setuptools] (an editable install maps packages to directories
+# when it is made), not other tool settings such as [tool.ruff]; and this script.
 stamp_value() {
     {
         "$(find_python)" - "$ROOT/pyproject.toml" <<'PY' 2>/dev/null || cat "$ROOT/pyproject.toml"
 import json, sys, tomllib
 with open(sys.argv[1], "rb") as f:
     data = tomllib.load(f)
-print(json.dumps({k: data.get(k) for k in ("build-system", "project")}, sort_keys=True))
+keyed = {k: data.get(k) for k in ("build-system", "project")}
+keyed["tool.setuptools"] = data.get("tool", {}).get("setuptools")
+print(json.dumps(keyed, sort_keys=True))
 PY
         cat "$ROOT/scripts/install.sh"
     } | sha256sum | cut -d' ' -f1

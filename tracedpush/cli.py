@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("tracedpush.launcher.command", "Launch a local 1P1D (prefill, decode, proxy)."),
     "demo": ("tracedpush.bench.demo", "Run push then pull on a mixed workload; print a table."),
     "report": ("tracedpush.analysis.command", "Analyse traces: critical path, skew, push vs pull."),
-    "console": ("tracedpush.console_command", "Serve the Streamlit console on a traces source."),
+    "console": ("tracedpush.console.command", "Serve the Streamlit console on a traces source."),
 }
 
 

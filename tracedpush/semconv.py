@@ -4,11 +4,29 @@ This is the one module that owns them (like OpenTelemetry's semantic-convention
 packages). Producers (connector, proxy) and consumers (analysis, console) import the
 constants from here; docs/spans.md documents each one. Renaming anything here is a
 breaking change for users' Jaeger queries.
+
+Where OpenTelemetry's semantic conventions define a key (service, host, process,
+HTTP, server, error), it is taken from `opentelemetry.semconv`, so ours cannot drift
+from the standard; ``tracedpush.*`` keys are only for what no convention covers.
 """
 
 from __future__ import annotations
 
 from typing import Final
+
+from opentelemetry.semconv._incubating.attributes import (
+    host_attributes,
+    process_attributes,
+)
+from opentelemetry.semconv._incubating.attributes import (
+    service_attributes as service_incubating,
+)
+from opentelemetry.semconv.attributes import (
+    error_attributes,
+    http_attributes,
+    server_attributes,
+    service_attributes,
+)
 
 # --------------------------------------------------------------------------- services
 SERVICE_PROXY: Final = "tracedpush-proxy"
@@ -83,11 +101,12 @@ REQUIRED_SPANS: Final = {
 }
 
 # ---------------------------------------------------------------- resource attributes
-# (standard OpenTelemetry resource keys)
-RES_SERVICE_NAME: Final = "service.name"
-RES_SERVICE_INSTANCE_ID: Final = "service.instance.id"  # engine id, or proxy host:port
-RES_HOST_NAME: Final = "host.name"
-RES_PROCESS_PID: Final = "process.pid"
+# (standard OpenTelemetry resource keys; service.instance.id, host.name and process.pid
+# are still "development" conventions, hence the _incubating module)
+RES_SERVICE_NAME: Final = service_attributes.SERVICE_NAME
+RES_SERVICE_INSTANCE_ID: Final = service_incubating.SERVICE_INSTANCE_ID  # engine id / host:port
+RES_HOST_NAME: Final = host_attributes.HOST_NAME
+RES_PROCESS_PID: Final = process_attributes.PROCESS_PID
 RES_TRACEDPUSH_VERSION: Final = "tracedpush.version"
 RES_VLLM_VERSION: Final = "vllm.version"
 
@@ -162,13 +181,13 @@ UPSTREAM_URL: Final = "tracedpush.upstream"  # base URL of the engine a leg went
 TTFT_MS: Final = "tracedpush.ttft_ms"  # proxy-measured: receipt -> first token out
 OUTPUT_TOKENS: Final = "tracedpush.output_tokens"
 STREAM: Final = "tracedpush.stream"
-# standard OpenTelemetry HTTP / error keys used on proxy spans
-HTTP_METHOD: Final = "http.request.method"
-HTTP_ROUTE: Final = "http.route"
-HTTP_STATUS: Final = "http.response.status_code"
-SERVER_ADDRESS: Final = "server.address"
-SERVER_PORT: Final = "server.port"
-ERROR_TYPE: Final = "error.type"
+# standard OpenTelemetry HTTP / server / error keys used on proxy and failed spans
+HTTP_METHOD: Final = http_attributes.HTTP_REQUEST_METHOD
+HTTP_ROUTE: Final = http_attributes.HTTP_ROUTE
+HTTP_STATUS: Final = http_attributes.HTTP_RESPONSE_STATUS_CODE
+SERVER_ADDRESS: Final = server_attributes.SERVER_ADDRESS
+SERVER_PORT: Final = server_attributes.SERVER_PORT
+ERROR_TYPE: Final = error_attributes.ERROR_TYPE
 
 # span events
 EVENT_FIRST_TOKEN: Final = "first_token"  # on tracedpush.request and proxy.decode

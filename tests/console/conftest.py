@@ -11,8 +11,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from tracedpush.analysis import RunAnalysis, TraceStore, analyze
-from tracedpush.analysis.synthetic import SyntheticRun, generate
 from tracedpush.console.source import ENV_JAEGER, ENV_TRACES
+from tracedpush.testing.synthetic import SyntheticRun, generate
 
 REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "console" / "app.py"
@@ -41,7 +41,7 @@ AppFactory = Callable[..., AppTest]
 
 @pytest.fixture
 def app(monkeypatch: pytest.MonkeyPatch) -> Iterator[AppFactory]:
-    """``app(traces=DIR | jaeger=URL, page="pages/x.py", query={...})`` -> an AppTest that
+    """``app(traces=DIR | jaeger=URL, page="views/x.py", query={...})`` -> an AppTest that
     has run that page (the console reads its source from the environment here)."""
 
     def make(

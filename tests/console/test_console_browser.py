@@ -10,8 +10,8 @@ import time
 import pytest
 from conftest import ARTIFACTS
 
-from tracedpush.console import browser
-from tracedpush.console_command import ConsoleServer
+from tracedpush.testing import browser
+from tracedpush.testing.console_server import ConsoleServer
 
 pytestmark = pytest.mark.browser
 

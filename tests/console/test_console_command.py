@@ -8,21 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from tracedpush import console_command
 from tracedpush.cli import main as cli_main
+from tracedpush.console import command
 from tracedpush.console.source import Source, from_args
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_app_is_found_through_the_package():
-    path = console_command.app_path()
+    path = command.app_path()
     assert path.is_file() and path.name == "app.py"
     assert path.resolve() == (REPO / "console" / "app.py").resolve()
 
 
 def test_streamlit_command_is_headless_and_passes_the_source():
-    cmd = console_command.streamlit_command(["--traces", "/x"], port=8600, host="0.0.0.0")
+    cmd = command.streamlit_command(["--traces", "/x"], port=8600, host="0.0.0.0")
     assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"]
     assert "--server.headless=true" in cmd and "--server.port=8600" in cmd
     assert "--server.address=0.0.0.0" in cmd and "--browser.gatherUsageStats=false" in cmd
@@ -79,8 +79,8 @@ def test_source_from_args_and_environment(tmp_path):
 def test_console_imports_neither_vllm_nor_nixl():
     code = (
         "import sys\n"
-        "import tracedpush.console_command, tracedpush.console.data, tracedpush.console.charts\n"
-        "import tracedpush.console.ui, tracedpush.console.export, tracedpush.console.browser\n"
+        "import tracedpush.console.command, tracedpush.console.data, tracedpush.console.charts\n"
+        "import tracedpush.console.ui, tracedpush.console.export, tracedpush.testing.browser\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'nixl', 'torch'))\n"
         "print(bad)\n"
         "assert not bad, bad\n"

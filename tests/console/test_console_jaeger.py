@@ -11,10 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from console_testing import figure, no_exception, traces_of
 
 from tracedpush import semconv as sc
-from tracedpush.analysis.synthetic import generate
+from tracedpush.testing.console import figure, no_exception, traces_of
+from tracedpush.testing.synthetic import generate
 
 
 class FakeJaeger:
@@ -77,7 +77,7 @@ def test_overview_from_jaeger(app, jaeger):
 def test_live_polls_jaeger(app, jaeger):
     now = time.time()
     jaeger.docs = generate(20, seed=22, start_unix_s=now - 200).documents
-    at = app(jaeger=jaeger.url, page="pages/live.py")
+    at = app(jaeger=jaeger.url, page="views/live.py")
     no_exception(at)
     assert {m.label: m.value for m in at.metric}["pull requests"] == "10"
     jaeger.docs += generate(20, seed=23, start_unix_s=now - 100).documents

@@ -7,11 +7,11 @@ import json
 import time
 
 import pandas as pd
-from console_testing import no_exception
 
 from tracedpush.analysis import TraceStore, analyze, compare, to_perfetto
-from tracedpush.analysis.synthetic import generate
 from tracedpush.console import export
+from tracedpush.testing.console import no_exception
+from tracedpush.testing.synthetic import generate
 
 
 def _metrics(at):
@@ -21,7 +21,7 @@ def _metrics(at):
 def test_live_picks_up_new_traces(app, tmp_path):
     now = time.time()
     generate(40, seed=11, start_unix_s=now - 240).write(tmp_path / "first")
-    at = app(traces=tmp_path, page="pages/live.py")
+    at = app(traces=tmp_path, page="views/live.py")
     no_exception(at)
     assert _metrics(at)["push requests"] == "20"
     window = analyze(TraceStore.from_path(tmp_path))
@@ -44,7 +44,7 @@ def test_live_window_excludes_old_requests(app, tmp_path):
     now = time.time()
     generate(40, seed=13, start_unix_s=now - 3600).write(tmp_path / "old")
     generate(20, seed=14, start_unix_s=now - 60).write(tmp_path / "new")
-    at = app(traces=tmp_path, page="pages/live.py")
+    at = app(traces=tmp_path, page="views/live.py")
     no_exception(at)
     assert _metrics(at)["push requests"] == "10"  # the last 5 minutes only
 
@@ -65,7 +65,7 @@ def test_export_perfetto_is_analysis_output(expected):
 
 def test_export_page_offers_both_downloads(app, traces, expected):
     req = expected.by_mode("pull")[0]
-    at = app(traces=traces[0], page="pages/export.py", query={"request": req.trace_id})
+    at = app(traces=traces[0], page="views/export.py", query={"request": req.trace_id})
     no_exception(at)
     labels = [b.proto.label for b in at.get("download_button")]
     assert labels == [
@@ -78,6 +78,6 @@ def test_export_page_offers_both_downloads(app, traces, expected):
 
 
 def test_export_without_selection_says_so(app, traces):
-    at = app(traces=traces[0], page="pages/export.py")
+    at = app(traces=traces[0], page="views/export.py")
     no_exception(at)
     assert any("No request selected" in i.value for i in at.info)

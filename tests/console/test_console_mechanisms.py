@@ -10,14 +10,14 @@ from __future__ import annotations
 import time
 
 import pytest
-from console_testing import figure, messages, no_exception, traces_of
 
 from tracedpush.analysis import TraceStore, analyze, compare
 from tracedpush.analysis import phases as ph
 from tracedpush.analysis.compare import ALL, explain_delta
-from tracedpush.analysis.synthetic import generate
 from tracedpush.analysis.tpot import explain_tpot_delta, tpot_account
 from tracedpush.console import charts
+from tracedpush.testing.console import figure, messages, no_exception, traces_of
+from tracedpush.testing.synthetic import generate
 
 
 def _markdown(at) -> str:
@@ -58,7 +58,7 @@ def _long_push(expected):
 
 
 def _timeline(app, traces, req):
-    at = app(traces=traces[0], page="pages/timeline.py", query={"request": req.trace_id})
+    at = app(traces=traces[0], page="views/timeline.py", query={"request": req.trace_id})
     no_exception(at)
     return at
 
@@ -121,7 +121,7 @@ def test_timeline_legend_follows_the_phase_order_and_hover_explains(app, traces,
     legend = traces_of(fig, kind="phase_legend")
     names = [t["name"] for t in legend]
     assert names == [p for p in ph.PHASES if p in drawn]
-    assert [t["marker"]["color"] for t in legend] == [charts.PHASE_COLORS[p] for p in names]
+    assert [t["marker"]["color"] for t in legend] == [ph.COLORS[p] for p in names]
     assert {"step handoff", "writer queue", "api server"} <= set(names)
     kinds = {t["meta"]["step_kind"] for t in traces_of(fig, kind="step_legend")}
     assert kinds == {t["meta"]["step_kind"] for t in traces_of(fig, kind="steps")}
@@ -137,7 +137,7 @@ def test_timeline_legend_follows_the_phase_order_and_hover_explains(app, traces,
 
 
 def test_overview_states_the_mechanisms_in_words(app, traces, expected):
-    at = app(traces=traces[0], page="pages/overview.py")
+    at = app(traces=traces[0], page="views/overview.py")
     no_exception(at)
     text = _markdown(at)
     cmp = compare(expected)
@@ -156,7 +156,7 @@ def test_overview_states_the_mechanisms_in_words(app, traces, expected):
 
 
 def test_phases_shows_where_the_ttft_difference_goes_per_load(app, traces, expected):
-    at = app(traces=traces[0], page="pages/phases.py")
+    at = app(traces=traces[0], page="views/phases.py")
     no_exception(at)
     cmp = compare(expected)
 
@@ -182,7 +182,7 @@ def test_phases_shows_where_the_ttft_difference_goes_per_load(app, traces, expec
 
 
 def test_phases_shows_where_the_tpot_difference_goes(app, traces, expected):
-    at = app(traces=traces[0], page="pages/phases.py")
+    at = app(traces=traces[0], page="views/phases.py")
     cmp = compare(expected)
     load = cmp.by_load()[-1].load
     at.selectbox(key="account_load").set_value(load).run()
@@ -221,7 +221,7 @@ def contended(tmp_path_factory):
 def test_overview_names_contention_findings(app, contended):
     found = analyze(TraceStore.from_path(contended)).contention()
     assert any(f.kind == "cross_engine" for f in found.findings)
-    at = app(traces=contended, page="pages/overview.py")
+    at = app(traces=contended, page="views/overview.py")
     no_exception(at)
     text = _markdown(at)
     assert "CPU contention" in text
@@ -243,7 +243,7 @@ def old_traces(tmp_path_factory):
     return directory
 
 
-@pytest.mark.parametrize("page", ["pages/overview.py", "pages/timeline.py", "pages/phases.py"])
+@pytest.mark.parametrize("page", ["views/overview.py", "views/timeline.py", "views/phases.py"])
 def test_traces_without_steps_get_a_calm_message(app, old_traces, page):
     at = app(traces=old_traces, page=page)
     no_exception(at)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from console_testing import messages, no_exception
 
-from tracedpush.analysis.synthetic import generate
-from tracedpush.console_command import free_port
+from tracedpush.testing.console import messages, no_exception
+from tracedpush.testing.net import free_port
+from tracedpush.testing.synthetic import generate
 
-PAGES = [None, "pages/timeline.py", "pages/phases.py", "pages/live.py", "pages/export.py"]
+PAGES = [None, "views/timeline.py", "views/phases.py", "views/live.py", "views/export.py"]
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -22,14 +22,14 @@ def test_empty_directory(app, tmp_path, page):
     assert not at.get("plotly_chart")
 
 
-@pytest.mark.parametrize("page", [None, "pages/live.py"])
+@pytest.mark.parametrize("page", [None, "views/live.py"])
 def test_missing_directory(app, tmp_path, page):
     at = app(traces=tmp_path / "not-yet", page=page)
     no_exception(at)
     assert "does not exist" in messages(at)
 
 
-@pytest.mark.parametrize("page", [None, "pages/timeline.py"])
+@pytest.mark.parametrize("page", [None, "views/timeline.py"])
 def test_no_source_configured(app, page):
     at = app(page=page)
     no_exception(at)
@@ -52,11 +52,11 @@ def test_half_written_file_next_to_good_ones(app, tmp_path, page):
     at = app(traces=tmp_path, page=page)
     no_exception(at)
     text = messages(at)
-    if page == "pages/live.py":  # Live re-reads: a line that stopped growing is malformed
+    if page == "views/live.py":  # Live re-reads: a line that stopped growing is malformed
         assert "half-written" in text or "malformed" in text
     else:
         assert "half-written" in text
-    if page != "pages/export.py":
+    if page != "views/export.py":
         assert at.get("plotly_chart")
 
 
@@ -87,15 +87,15 @@ def test_incomplete_traces_are_drawn_and_flagged(app, tmp_path):
     rootless = next(r for r in run.requests if r.ttft_ms is None)
     for page, query in [
         (None, None),
-        ("pages/timeline.py", {"request": rootless.trace_id}),
-        ("pages/phases.py", None),
-        ("pages/live.py", None),
-        ("pages/export.py", None),
+        ("views/timeline.py", {"request": rootless.trace_id}),
+        ("views/phases.py", None),
+        ("views/live.py", None),
+        ("views/export.py", None),
     ]:
         at = app(traces=tmp_path, page=page, query=query)
         no_exception(at)
         if page is None:
             assert "incomplete traces" in messages(at)
-        if page == "pages/timeline.py":
+        if page == "views/timeline.py":
             assert "Incomplete trace" in messages(at)
             assert at.get("plotly_chart")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from console_testing import figure, no_exception, traces_of
 
 from tracedpush.analysis import compare
+from tracedpush.testing.console import figure, no_exception, traces_of
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

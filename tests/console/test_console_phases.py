@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from console_testing import figure, no_exception, traces_of
 
 from tracedpush import semconv as sc
 from tracedpush.analysis import compare
+from tracedpush.testing.console import figure, no_exception, traces_of
 
 
 def _critical_ms(expected, mode):
@@ -16,7 +16,7 @@ def _critical_ms(expected, mode):
 
 
 def test_boxes_hold_each_phase_critical_ms_per_mode(app, traces, expected):
-    at = app(traces=traces[0], page="pages/phases.py")
+    at = app(traces=traces[0], page="views/phases.py")
     no_exception(at)
     fig = figure(at, "phase_box")
     for mode in ("push", "pull"):
@@ -34,7 +34,7 @@ def test_boxes_hold_each_phase_critical_ms_per_mode(app, traces, expected):
 
 
 def test_span_durations_measure(app, traces, expected):
-    at = app(traces=traces[0], page="pages/phases.py")
+    at = app(traces=traces[0], page="views/phases.py")
     at.radio(key="phases_measure").set_value("span durations").run()
     no_exception(at)
     fig = figure(at, "phase_box")
@@ -45,7 +45,7 @@ def test_span_durations_measure(app, traces, expected):
 
 
 def test_percentile_table_and_outliers(app, traces, expected):
-    at = app(traces=traces[0], page="pages/phases.py")
+    at = app(traces=traces[0], page="views/phases.py")
     frames = [df.value for df in at.dataframe]
     pct = next(f for f in frames if "push p50" in f.columns)
     overall = compare(expected).overall
@@ -60,7 +60,7 @@ def test_percentile_table_and_outliers(app, traces, expected):
 
 
 def test_no_mode_selected_is_a_message(app, traces):
-    at = app(traces=traces[0], page="pages/phases.py")
+    at = app(traces=traces[0], page="views/phases.py")
     at.multiselect(key="phases_modes").set_value([]).run()
     no_exception(at)
     assert any("No phases" in i.value for i in at.info)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 from conftest import DECODE_SKEW_MS
-from console_testing import figure, no_exception, traces_of
 
 from tracedpush import semconv as sc
 from tracedpush.console import charts
+from tracedpush.testing.console import figure, no_exception, traces_of
 
 
 def _push_with_registration_first(traces, expected):
@@ -29,7 +29,7 @@ def _expected(segments):
 
 def test_push_timeline_draws_the_analysis_critical_path(app, traces, expected):
     req = _push_with_registration_first(traces, expected)
-    at = app(traces=traces[0], page="pages/timeline.py", query={"request": req.trace_id})
+    at = app(traces=traces[0], page="views/timeline.py", query={"request": req.trace_id})
     no_exception(at)
     fig = figure(at, "timeline")
     (critical,) = traces_of(fig, kind="critical", trace_id=req.trace_id)
@@ -60,7 +60,7 @@ def test_push_timeline_draws_the_analysis_critical_path(app, traces, expected):
 
 def test_comparable_pull_request_shares_the_time_axis(app, traces, expected):
     req = _push_with_registration_first(traces, expected)
-    at = app(traces=traces[0], page="pages/timeline.py", query={"request": req.trace_id})
+    at = app(traces=traces[0], page="views/timeline.py", query={"request": req.trace_id})
     fig = figure(at, "timeline")
     shown = fig["layout"]["meta"]["trace_ids"]
     assert shown[0] == req.trace_id
@@ -77,7 +77,7 @@ def test_comparable_pull_request_shares_the_time_axis(app, traces, expected):
 
 def test_clock_offsets_are_applied_and_shown(app, traces, expected):
     req = _push_with_registration_first(traces, expected)
-    at = app(traces=traces[0], page="pages/timeline.py", query={"request": req.trace_id})
+    at = app(traces=traces[0], page="views/timeline.py", query={"request": req.trace_id})
     fig = figure(at, "timeline")
     offset = expected.clock_offsets["decode-0"]
     assert offset.offset_ms == pytest.approx(DECODE_SKEW_MS, abs=2 * offset.bound_ms + 0.5)
@@ -97,7 +97,7 @@ def test_clock_offsets_are_applied_and_shown(app, traces, expected):
 
 
 def test_pick_by_id_and_by_slowest(app, traces, expected):
-    at = app(traces=traces[0], page="pages/timeline.py")
+    at = app(traces=traces[0], page="views/timeline.py")
     no_exception(at)
     default = figure(at, "timeline")["layout"]["meta"]["trace_ids"]
     assert expected.get(default[0]).mode == "push"
@@ -113,7 +113,7 @@ def test_pick_by_id_and_by_slowest(app, traces, expected):
 
 
 def test_unknown_request_id_is_a_message_not_an_error(app, traces):
-    at = app(traces=traces[0], page="pages/timeline.py")
+    at = app(traces=traces[0], page="views/timeline.py")
     at.text_input(key="typed_request").set_value("no-such-request").run()
     no_exception(at)
     assert any("no-such-request" in w.value for w in at.warning)

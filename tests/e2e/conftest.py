@@ -61,6 +61,7 @@ from tracedpush.launcher import Deployment, DeploymentConfig, EnginesLock, Teard
 from tracedpush.launcher.metrics import external_kv_prompt_tokens
 from tracedpush.launcher.processes import busy_ports, tail
 from tracedpush.launcher.servers import traced_connectors_available
+from tracedpush.testing.processes import alive
 
 TEST_PORTS = {
     "proxy_port": 18000,
@@ -85,14 +86,6 @@ class Stopped:
     @property
     def clean(self) -> bool:
         return bool(self.pids_before) and not self.alive_after and not self.bound_after
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _trace_setting() -> bool:
@@ -157,7 +150,7 @@ class PDSession:
         ports = list(d.ports())
         report = d.stop()
         record = Stopped(
-            d.mode, pids, [p for p in pids if _alive(p)], ports, busy_ports(ports), report
+            d.mode, pids, [p for p in pids if alive(p)], ports, busy_ports(ports), report
         )
         self.stopped.append(record)
         return record

@@ -10,7 +10,6 @@ phase attribution within 1 ms once corrected, with the estimated offset within i
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 import uuid
 import warnings
@@ -19,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_support import requests_in, wait_for_traces
 
 from tracedpush import semconv as sc
-from tracedpush.analysis import RunAnalysis, TraceStore, analyze, phases
-from tracedpush.analysis.synthetic import shift_directory
+from tracedpush.analysis import TraceStore, analyze, phases
 from tracedpush.bench.workload import PromptMaker
+from tracedpush.testing.synthetic import shift_directory
 
 MODES = [pytest.param(m, marks=pytest.mark.pd(m), id=m) for m in ("push", "pull")]
 N_REQUESTS = 6
@@ -56,28 +56,6 @@ def _stream(base: str, model: str, prompt: str, request_id: str) -> str | None:
     return None if tokens else "no token streamed"
 
 
-def _mine(run: RunAnalysis, ids: set[str]) -> list[Any]:
-    return [r for r in run.requests if r.request_id in ids]
-
-
-def _wait_for_traces(traces_dir: Path, ids: set[str], timeout_s: float = 120.0) -> TraceStore:
-    """Exporters flush in the background: re-read until every request in `ids` has a
-    complete trace."""
-    store = TraceStore.from_path(traces_dir)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        mine = _mine(analyze(store, spans=False), ids)
-        if len(mine) == len(ids) and all(r.complete for r in mine):
-            return store
-        if time.monotonic() > deadline:
-            problems = {r.request_id: r.problems for r in mine if not r.complete}
-            pytest.fail(
-                f"{len(mine)}/{len(ids)} traces after {timeout_s:.0f} s; incomplete: {problems}"
-            )
-        time.sleep(1.0)
-        store.refresh()
-
-
 @pytest.fixture(scope="module")
 def sent() -> dict[str, Any]:
     return {}
@@ -102,9 +80,9 @@ def test_real_critical_path_sums_to_proxy_ttft(pd: Any, mode: str, sent: dict[st
     if failed:  # the deployment's problem, not the analysis': reported, not asserted here
         warnings.warn(f"{mode}: {len(failed)} request(s) failed: {failed}", stacklevel=1)
     assert len(ok) >= N_REQUESTS // 2, f"too few requests succeeded to analyse: {failed}"
-    store = _wait_for_traces(pd.traces_dir, ok)
+    store = wait_for_traces(pd.traces_dir, ok)
     run = analyze(store)
-    mine = _mine(run, ok)
+    mine = requests_in(run, ok)
     for r in mine:
         assert r.mode == mode
         assert r.complete, r.problems
@@ -124,7 +102,7 @@ def test_real_critical_path_sums_to_proxy_ttft(pd: Any, mode: str, sent: dict[st
             assert {phases.RELAY, phases.READ} & phs, r.critical_path
             assert phases.WRITE not in phs
     # requests that failed are analysed too, and say so
-    for r in _mine(run, set(failed)):
+    for r in requests_in(run, set(failed)):
         assert r.error is not None or not r.complete
     # one host, one clock: every instance is tied to the proxy's, the pairs agreeing
     for name, o in run.clock_offsets.items():
@@ -151,10 +129,10 @@ def test_real_traces_survive_a_shifted_engine_clock(
     snapshot = tmp_path / "snapshot"
     shift_directory(pd.traces_dir, snapshot, "", 0.0, own_hosts=True)
     run0 = analyze(TraceStore.from_path(snapshot))
-    base = {r.trace_id: r.phase_ms() for r in _mine(run0, ok)}
+    base = {r.trace_id: r.phase_ms() for r in requests_in(run0, ok)}
     engines = {
         v.instance
-        for r in _mine(run0, ok)
+        for r in requests_in(run0, ok)
         for v in r.spans
         if v.service != sc.SERVICE_PROXY and v.name in (sc.SPAN_PREFILL, sc.SPAN_DECODE)
     }
@@ -174,7 +152,7 @@ def test_real_traces_survive_a_shifted_engine_clock(
         # is that observation error, stated rather than hidden.
         assert abs(o.offset_ms - delta_ms) <= o.bound_ms + RECORDING_SLACK_MS, (instance, o)
         worst = 0.0
-        for r in _mine(run, ok):
+        for r in requests_in(run, ok):
             before = base[r.trace_id]
             after = r.phase_ms()
             for phase in set(before) | set(after):

@@ -18,8 +18,9 @@ import pytest
 
 from tracedpush.analysis import RunAnalysis, TraceStore, analyze
 from tracedpush.bench.workload import PromptMaker, run_workload
-from tracedpush.console import browser, selection
-from tracedpush.console_command import ConsoleServer
+from tracedpush.console import selection
+from tracedpush.testing import browser
+from tracedpush.testing.console_server import ConsoleServer
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 N_REQUESTS = 6

@@ -25,6 +25,7 @@ from tracedpush.launcher.metrics import (
     wait_external_kv_tokens,
 )
 from tracedpush.launcher.processes import busy_ports, lock_delegation_env
+from tracedpush.testing.processes import alive, descendants
 
 MODES = [pytest.param(m, marks=pytest.mark.pd(m), id=m) for m in ("push", "pull")]
 
@@ -206,33 +207,6 @@ def test_switching_mode_stopped_push_cleanly(pd, pd_session):
     assert record.bound_after == [] and record.report.clean, record
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[-1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(), [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
 @pytest.mark.e2e
 def test_up_serves_then_ctrl_c_leaves_nothing(tmp_path):
     """`tracedpush up` as a user runs it: prints the URLs, serves a streamed request
@@ -253,13 +227,13 @@ def test_up_serves_then_ctrl_c_leaves_nothing(tmp_path):
         assert up.stdout is not None
         for line in up.stdout:
             output.append(line)
-            seen |= _descendants(up.pid)
+            seen |= descendants(up.pid)
             if line.startswith("Press Ctrl-C"):
                 break
         printed = "".join(output)
         assert "tracedpush is up" in printed, printed
         assert "http://127.0.0.1:18000/v1" in printed and "18200/metrics" in printed
-        seen |= _descendants(up.pid)
+        seen |= descendants(up.pid)
         # 2 engines x (APIServer, EngineCore, Worker) + proxy
         assert len(seen) >= 7, seen
 
@@ -280,5 +254,5 @@ def test_up_serves_then_ctrl_c_leaves_nothing(tmp_path):
             up.kill()
     assert up.returncode == 0, "".join(output) + rest
     assert "no process left, ports free" in rest, rest
-    assert [pid for pid in seen if _alive(pid)] == []
+    assert [pid for pid in seen if alive(pid)] == []
     assert busy_ports(ports.values()) == []

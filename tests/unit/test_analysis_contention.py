@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tracedpush.analysis import TraceStore, analyze, synthetic
+from tracedpush.analysis import TraceStore, analyze, run_json
 from tracedpush.analysis.report import render
+from tracedpush.testing import synthetic
 
 SAME_HOST = {synthetic.PREFILL_INSTANCE: "vm", synthetic.DECODE_INSTANCE: "vm"}
 
@@ -38,7 +39,7 @@ def test_unpinned_decode_engine_core_on_prefill_core_is_named(unpinned) -> None:
     assert "prefill model runner" in f.text and "s of CPU" in f.text
     report = render(unpinned)
     assert "Contention" in report and f.text in report
-    js = unpinned.to_json()["contention"]
+    js = run_json(unpinned)["contention"]
     assert js["findings"][0]["kind"] == "cross_engine"
 
 

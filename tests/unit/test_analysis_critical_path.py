@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from tracedpush import semconv as sc
-from tracedpush.analysis import TraceStore, analyze, compare, phases, synthetic, to_perfetto
+from tracedpush.analysis import TraceStore, analyze, compare, phases, to_perfetto
 from tracedpush.analysis.model import Event, Resource, Span
+from tracedpush.testing import synthetic
 
 BASE = 1_700_000_000_000_000_000
 RES = {

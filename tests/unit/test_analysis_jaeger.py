@@ -22,9 +22,10 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from tracedpush import semconv as sc
-from tracedpush.analysis import TraceStore, analyze, synthetic
+from tracedpush.analysis import TraceStore, analyze
 from tracedpush.analysis.jaeger import parse_duration
 from tracedpush.cli import main as cli_main
+from tracedpush.testing import synthetic
 
 # ------------------------------------------------------------------ fake Jaeger
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tracedpush import semconv as sc
-from tracedpush.analysis import TraceStore, analyze, synthetic
+from tracedpush.analysis import TraceStore, analyze
+from tracedpush.testing import synthetic
 
 
 @pytest.fixture(scope="module")

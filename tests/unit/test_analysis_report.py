@@ -10,11 +10,19 @@ from typing import Any
 import pytest
 
 from tracedpush import semconv as sc
-from tracedpush.analysis import TraceStore, analyze, compare, phases, synthetic, to_perfetto
+from tracedpush.analysis import (
+    TraceStore,
+    analyze,
+    compare,
+    phases,
+    run_json,
+    to_perfetto,
+)
 from tracedpush.analysis.compare import explain_delta, percentile
 from tracedpush.analysis.report import render
 from tracedpush.analysis.timeline import LoadCounter, bucket_label, load_label
 from tracedpush.cli import main as cli_main
+from tracedpush.testing import synthetic
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +253,7 @@ def test_ttft_difference_per_load_bucket_adds_up(run: Any) -> None:
         assert f"{top.phase} {top.mean_delta_ms:+.1f} ms" in text
         if g.load != "all":
             assert f"at {g.load} in flight" in text
-    doc = run.to_json()
+    doc = run_json(run)
     groups = {(g["bucket"], g["load"]): g for g in doc["comparison"]["groups"]}
     for g in by_load:
         acc_json = groups[("all", g.load)]["ttft_account"]

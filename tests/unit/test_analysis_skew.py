@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tracedpush.analysis import RunAnalysis, TraceStore, analyze, synthetic
-from tracedpush.analysis.synthetic import DECODE_INSTANCE, PREFILL_INSTANCE, PROXY_INSTANCE
+from tracedpush.analysis import RunAnalysis, TraceStore, analyze
+from tracedpush.testing import synthetic
+from tracedpush.testing.synthetic import DECODE_INSTANCE, PREFILL_INSTANCE, PROXY_INSTANCE
 
 
 @pytest.fixture(scope="module")

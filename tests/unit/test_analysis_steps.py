@@ -7,12 +7,13 @@ import json
 import pytest
 
 from tracedpush import semconv as sc
-from tracedpush.analysis import TraceStore, analyze, synthetic
+from tracedpush.analysis import TraceStore, analyze, run_json
 from tracedpush.analysis.compare import compare
 from tracedpush.analysis.model import LoadStats
 from tracedpush.analysis.otlp import Decoder, _jaeger_tags
 from tracedpush.analysis.steps import EngineSteps, array, join, steps_from_span
 from tracedpush.analysis.tpot import KEYS, breakdown, explain_tpot_delta, top_mechanisms
+from tracedpush.testing import synthetic
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +158,7 @@ def test_tpot_breakdown_sums_to_tpot(run) -> None:
         # D's steps were placed on the proxy clock despite D's 40 ms skew: most of the
         # window is forward, not "scheduling and other"
         assert b["model forward"] + b["batch sharing"] > 0.6 * r.tpot_ms
-    js = json.loads(json.dumps(run.to_json()))
+    js = json.loads(json.dumps(run_json(run)))
     assert all(
         abs(sum(q["tpot_breakdown_ms"].values()) - q["tpot_ms"]) <= 0.01 * q["tpot_ms"]
         for q in js["requests"]

@@ -24,6 +24,8 @@ from tracedpush.launcher.processes import (
     stop_all,
     wait_healthy,
 )
+from tracedpush.testing.net import free_port
+from tracedpush.testing.processes import alive
 
 # A stand-in for vLLM's API server: serves /health, forks a child (like EngineCore) that
 # sleeps, writes both pids to a file; on SIGTERM stops its child and exits, or, when
@@ -55,20 +57,6 @@ FAKE_SERVER = textwrap.dedent(
     http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_for(predicate, timeout: float = 20.0) -> bool:

@@ -20,7 +20,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from tracedpush.proxy.command import add_arguments, build_config
-from tracedpush.proxy.testing import StubEngine
+from tracedpush.testing.stub_engine import StubEngine
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,7 +1,7 @@
 """The proxy's push and pull flows against stub engines.
 
 vLLM cannot run in unit tests, so small in-process aiohttp servers
-(``tracedpush.proxy.testing.StubEngine``) stand in for the prefill and decode
+(``tracedpush.testing.stub_engine.StubEngine``) stand in for the prefill and decode
 servers: they answer like vLLM 0.32 (P's kv_transfer_params, D's SSE chunks), record
 what they receive, and notice when the proxy drops a connection. Real engines are
 exercised by the end-to-end tests.
@@ -19,8 +19,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from tracedpush.proxy.app import STATE
-from tracedpush.proxy.testing import StubEngine, proxy_rig
 from tracedpush.proxy.upstream import Timeouts
+from tracedpush.testing.stub_engine import StubEngine, proxy_rig
 
 BODY = {"model": "stub-model", "prompt": "a b c d", "max_tokens": 7}
 CHAT = {

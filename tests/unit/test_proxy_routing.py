@@ -14,7 +14,7 @@ from tracedpush.proxy.routing import (
     Pool,
     check_health,
 )
-from tracedpush.proxy.testing import StubEngine
+from tracedpush.testing.stub_engine import StubEngine
 
 
 def pool(n: int) -> Pool:

@@ -13,8 +13,8 @@ import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
 from tracedpush import semconv
-from tracedpush.proxy.testing import StubEngine, proxy_rig
 from tracedpush.proxy.upstream import Timeouts
+from tracedpush.testing.stub_engine import StubEngine, proxy_rig
 
 BODY = {"model": "stub-model", "prompt": "a b c d", "max_tokens": 7}
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -26,6 +25,7 @@ from tracedpush.telemetry.export import (
     build_tracer_provider,
 )
 from tracedpush.telemetry.jsonl import JsonLinesSpanExporter
+from tracedpush.testing.net import free_port
 
 RESOURCE = Resource.create({"service.name": "vllm-decode", "host.name": "h1"})
 
@@ -160,12 +160,6 @@ def test_a_stalled_exporter_never_blocks_submit_and_drops_are_counted():
     assert sink.flush(5)
     assert worker.exported + worker.dropped == 500
     sink.shutdown()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class GrpcReceiver(trace_service_pb2_grpc.TraceServiceServicer):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 from collections.abc import Iterator
 
@@ -13,14 +12,9 @@ import pytest
 from aiohttp import web
 
 from tracedpush.bench.workload import Prompt, PromptMaker, percentile, run_workload, summarize
+from tracedpush.testing.net import free_port
 
 TOKEN_GAP_S = 0.02  # the stand-in's inter-token delay
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -49,7 +43,7 @@ def server() -> Iterator[tuple[str, list[dict]]]:
     app = web.Application()
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", completions)
-    port = _free_port()
+    port = free_port()
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app)
     loop.run_until_complete(runner.setup())

@@ -14,14 +14,17 @@ trace files::
     r.spans                                         # SpanView per span, on lanes, skew-corrected
     run.clock_offsets                               # {instance: ClockOffset(offset_ms, ...)}
     run.table()                                     # one flat dict per request
+    run_json(run)                                   # the documented JSON report
     cmp = compare(run)                              # push vs pull per prompt bucket and load
     store.refresh(); run = analyze(store)           # tail a growing directory
 
 Modules: `model` (spans and answer dataclasses), `otlp` (OTLP/Jaeger JSON decoding),
 `load` (`TraceStore`), `jaeger` (HTTP source), `timeline` (lanes, load, buckets), `skew`
-(clock offsets), `critical_path`, `analyze`, `compare`, `perfetto`, `report` (tables),
-`synthetic` (realistic generated traces), `phases` (phase names), `command` (CLI),
-`steps` (engine steps and thread samples), `tpot` (TPOT attribution), `contention`.
+(clock offsets), `critical_path`, `analyze`, `results` (what `analyze` returns, data
+only), `compare`, and three renderers: `report` (text tables), `report_json` (the JSON
+format), `perfetto`; `phases` (phase names), `command` (CLI), `steps` (engine steps and
+thread samples), `tpot` (TPOT attribution), `contention`. Realistic generated traces
+for tests and benchmarks live in `tracedpush.testing.synthetic`.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from tracedpush.analysis.model import (
     SpanView,
 )
 from tracedpush.analysis.perfetto import to_perfetto
+from tracedpush.analysis.report_json import JSON_VERSION, request_json, run_json
 from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
 from tracedpush.analysis.steps import EngineStep, EngineSteps, ThreadSample
 from tracedpush.analysis.tpot import explain_tpot_delta, top_mechanisms
@@ -54,6 +58,7 @@ from tracedpush.analysis.tpot import explain_tpot_delta, top_mechanisms
 __all__ = [
     "DEFAULT_BUCKETS",
     "DEFAULT_LOAD_BUCKETS",
+    "JSON_VERSION",
     "ClockOffset",
     "Comparison",
     "ComparisonGroup",
@@ -77,6 +82,8 @@ __all__ = [
     "explain_delta",
     "explain_tpot_delta",
     "phases",
+    "request_json",
+    "run_json",
     "to_perfetto",
     "top_mechanisms",
 ]

@@ -13,6 +13,7 @@ from tracedpush.analysis.jaeger import parse_duration
 from tracedpush.analysis.load import TraceStore
 from tracedpush.analysis.perfetto import to_perfetto
 from tracedpush.analysis.report import render
+from tracedpush.analysis.report_json import run_json
 
 
 def _edges(text: str) -> tuple[int, ...]:
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "table":
         text = render(result, slowest=args.slowest, cmp=compare(result))
     elif args.format == "json":
-        text = json.dumps(result.to_json(spans=args.spans), indent=1)
+        text = json.dumps(run_json(result, spans=args.spans), indent=1)
     else:
         text = json.dumps(to_perfetto(result), separators=(",", ":"))
     if args.out:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracedpush.analysis import phases as ph
-from tracedpush.analysis.results import RequestAnalysis, RunAnalysis, round_ms
+from tracedpush.analysis.model import round_ms
+from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
 from tracedpush.analysis.timeline import bucket_labels, load_labels
 from tracedpush.analysis.tpot import TpotAccount, tpot_account
 from tracedpush.analysis.words import delta_sentence

@@ -59,22 +59,13 @@ _CARVABLE = frozenset(
         ph.UNATTRIBUTED,
     }
 )
-# The phase a span stands for when it is hidden (engine spans are split into their
-# sub-phases instead, see `_hidden`).
-SPAN_PHASE = {
-    sc.SPAN_PREFILL: ph.PREFILL_COMPUTE,
-    sc.SPAN_DECODE: ph.QUEUE_WAIT,
-    sc.SPAN_KV_REGISTER: ph.REGISTRATION,
-    sc.SPAN_KV_RENDEZVOUS: ph.WRITER_QUEUE,
-    sc.SPAN_KV_HANDSHAKE: ph.HANDSHAKE,
-    sc.SPAN_KV_DESC_PREP: ph.DESC_PREP,
-    sc.SPAN_KV_WRITE: ph.WRITE,
-    sc.SPAN_KV_READ: ph.READ,
-    sc.SPAN_KV_NOTIFY: ph.NOTIFY_COUNTING,
-    sc.SPAN_KV_RELAY: ph.RELAY,
-}
-# decode is always on the path (its end is the first token being scheduled)
-_HIDDEN_CANDIDATES = tuple(n for n in SPAN_PHASE if n != sc.SPAN_DECODE)
+# Spans that can stand for a hidden phase (`phases.SPAN_PHASE`): not decode, which is
+# always on the path (its end is the first token being scheduled), nor the proxy's
+# request and leg spans, which enclose the whole TTFT window.
+_NEVER_HIDDEN = frozenset(
+    {sc.SPAN_DECODE, sc.SPAN_REQUEST, sc.SPAN_PROXY_PREFILL, sc.SPAN_PROXY_DECODE}
+)
+_HIDDEN_CANDIDATES = tuple(n for n in ph.SPAN_PHASE if n not in _NEVER_HIDDEN)
 
 
 @dataclass(slots=True)
@@ -515,7 +506,7 @@ def _hidden(c: _Ctx, owners: set[str], end: float, first: str | None) -> list[Se
             parts = (
                 _engine_parts(c, s)
                 if name == sc.SPAN_PREFILL
-                else [(SPAN_PHASE[name], c.start(s), c.end(s))]
+                else [(ph.SPAN_PHASE[name], c.start(s), c.end(s))]
             )
             for phase, a, b in parts:
                 seg = _clip(phase, svc, a, b, end, name)

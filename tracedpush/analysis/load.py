@@ -222,7 +222,7 @@ class TraceStore:
 
     @classmethod
     def from_documents(cls, docs: Iterable[Any]) -> TraceStore:
-        """OTLP JSON documents already in memory (e.g. from `synthetic.generate`)."""
+        """OTLP JSON documents already in memory (e.g. a synthetic run's `documents`)."""
         store = cls()
         store.add_documents(docs)
         return store

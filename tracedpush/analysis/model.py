@@ -25,6 +25,11 @@ STATUS_OK = 1
 STATUS_ERROR = 2
 
 
+def round_ms(x: float | None) -> float | None:
+    """Milliseconds as the JSON carries them (4 decimals; None stays None)."""
+    return None if x is None else round(x, 4)
+
+
 @dataclass(slots=True, frozen=True)
 class Resource:
     """Who emitted a span; shared by every span of one export batch (not copied)."""

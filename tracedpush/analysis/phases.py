@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from tracedpush import semconv as sc
+
 # every leg (P's, D's)
 NETWORK: Final = "network"  # the leg's bytes leave the proxy -> the engine's loop reads them
 API_SERVER: Final = "api server"  # http_received -> scheduler_received
@@ -107,4 +109,51 @@ DESCRIPTIONS: Final = {
     FIRST_DECODE_STEP: "D: first step computed and the token sent to the proxy",
     PROXY: "the proxy's own work (receipt -> a leg's bytes out, relaying the first token)",
     UNATTRIBUTED: "a gap whose bounding spans or events are missing from the trace",
+}
+
+# The phase each span stands for: the critical path's segment for a span that is hidden
+# (off the path; `critical_path` splits a hidden prefill into its sub-phases), and the
+# colour the console gives the span. The proxy's own spans enclose whole legs, so they
+# are never hidden; they stand for the phase they mostly account for.
+SPAN_PHASE: Final = {
+    sc.SPAN_PREFILL: PREFILL_COMPUTE,
+    sc.SPAN_DECODE: QUEUE_WAIT,
+    sc.SPAN_KV_REGISTER: REGISTRATION,
+    sc.SPAN_KV_RENDEZVOUS: WRITER_QUEUE,
+    sc.SPAN_KV_HANDSHAKE: HANDSHAKE,
+    sc.SPAN_KV_DESC_PREP: DESC_PREP,
+    sc.SPAN_KV_WRITE: WRITE,
+    sc.SPAN_KV_READ: READ,
+    sc.SPAN_KV_NOTIFY: NOTIFY_COUNTING,
+    sc.SPAN_KV_RELAY: RELAY,
+    sc.SPAN_REQUEST: PROXY,
+    sc.SPAN_PROXY_PREFILL: NETWORK,
+    sc.SPAN_PROXY_DECODE: NETWORK,
+}
+
+# One colour per phase (hex; tab20-like, distinct neighbours in `PHASES` order), shared by
+# every view of the phases: the console's charts, legends and stacked bars.
+COLORS: Final = {
+    NETWORK: "#c7c7c7",
+    API_SERVER: "#dbdb8d",
+    QUEUE_WAIT: "#98df8a",
+    PREFILL_COMPUTE: "#2ca02c",
+    RESPONSE: "#aec7e8",
+    RELAY: "#9467bd",
+    REGISTRATION: "#17becf",
+    REGISTRATION_DELIVERY: "#9edae5",
+    REGISTRATION_WAIT: "#f7b6d2",
+    STEP_HANDOFF: "#bcbd22",
+    WRITER_QUEUE: "#7f7f7f",
+    HANDSHAKE: "#8c564b",
+    DESC_PREP: "#e377c2",
+    WRITE: "#1f77b4",
+    READ: "#d62728",
+    POLL_LAG: "#ff9896",
+    NOTIFICATION: "#ff7f0e",
+    NOTIFY_COUNTING: "#ffbb78",
+    DECODE_SCHEDULING: "#c5b0d5",
+    FIRST_DECODE_STEP: "#393b79",
+    PROXY: "#9e9e9e",
+    UNATTRIBUTED: "#000000",
 }

@@ -1,4 +1,7 @@
-"""What `analyze()` returns: one `RequestAnalysis` per request, in a `RunAnalysis`."""
+"""What `analyze()` returns: one `RequestAnalysis` per request, in a `RunAnalysis`.
+
+Data only: the JSON format is rendered by `report_json`, the text report by `report`.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +14,6 @@ from tracedpush.analysis.model import ClockOffset, LoadStats, Segment, SpanView
 if TYPE_CHECKING:
     from tracedpush.analysis.contention import Contention
     from tracedpush.analysis.steps import EngineSteps
-
-JSON_VERSION = 2  # bump when docs/report.md's JSON format changes incompatibly
 
 
 @dataclass(slots=True)
@@ -81,43 +82,6 @@ class RequestAnalysis:
         for phase, ms in self.phase_ms().items():
             row[f"critical_ms.{phase}"] = ms
         return row
-
-    def to_json(self, *, spans: bool = False) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "trace_id": self.trace_id,
-            "request_id": self.request_id,
-            "mode": self.mode,
-            "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens,
-            "ttft_ms": round_ms(self.ttft_ms),
-            "tpot_ms": round_ms(self.tpot_ms),
-            "start_unix_ms": round(self.start_unix_ms, 3),
-            "load": self.load,
-            "load_bucket": self.load_bucket,
-            "bucket": self.bucket,
-            "complete": self.complete,
-            "problems": list(self.problems),
-            "error": self.error,
-            "rendezvous_first": self.rendezvous_first,
-            "critical_path": [s.to_json() for s in self.critical_path],
-            "hidden": [s.to_json() for s in self.hidden],
-            "engine_phases_ms": {
-                role: {p: round(v, 4) for p, v in d.items()}
-                for role, d in self.engine_phases_ms.items()
-            },
-            "prefill_steps": self.prefill_steps,
-            "tpot_breakdown_ms": None
-            if self.tpot_breakdown_ms is None
-            else {k: round(v, 4) for k, v in self.tpot_breakdown_ms.items()},
-        }
-        if spans:
-            out["spans"] = [s.to_json() for s in self.spans]
-        return out
-
-
-def round_ms(x: float | None) -> float | None:
-    """Milliseconds as the JSON carries them (4 decimals; None stays None)."""
-    return None if x is None else round(x, 4)
 
 
 @dataclass(slots=True)
@@ -190,23 +154,6 @@ class RunAnalysis:
         """One flat row per request: ids, mode, tokens, TTFT/TPOT, start, load, bucket,
         and ``critical_ms.<phase>`` per phase on the critical path (absent: 0 ms)."""
         return [r.row() for r in self.requests]
-
-    def to_json(self, *, spans: bool = False) -> dict[str, Any]:
-        """The documented report format (docs/report.md)."""
-        from tracedpush.analysis.compare import compare
-
-        return {
-            "version": JSON_VERSION,
-            "source": self.source,
-            "skew_corrected": self.skew_corrected,
-            "skew_policy": self.skew_policy,
-            "load_stats": self.stats.to_json(),
-            "clock_offsets_ms": {k: v.to_json() for k, v in self.clock_offsets.items()},
-            "requests": [r.to_json(spans=spans) for r in self.requests],
-            "comparison": compare(self).to_json(),
-            "engine_steps": self.engine_steps.summary() if self.engine_steps else {},
-            "contention": self.contention().to_json(),
-        }
 
     def contention(self, *, event_cost_us: float | None = None) -> Contention:
         """CPU per engine process and thread, cores, findings (`contention`)."""

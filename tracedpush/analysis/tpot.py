@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracedpush import semconv as sc
-from tracedpush.analysis.model import Span
-from tracedpush.analysis.results import RequestAnalysis, round_ms
+from tracedpush.analysis.model import Span, round_ms
+from tracedpush.analysis.results import RequestAnalysis
 from tracedpush.analysis.steps import EngineSteps
 from tracedpush.analysis.timeline import DECODE, TraceIndex
 from tracedpush.analysis.words import delta_sentence

@@ -12,13 +12,13 @@ import argparse
 import importlib
 import importlib.util
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from tracedpush.bench.workload import PromptMaker, RequestResult, run_workload, summarize
+from tracedpush.envs import env_str
 from tracedpush.launcher.deployment import Deployment, DeploymentConfig
 from tracedpush.launcher.processes import EnginesLock, LaunchError, stop_on_sigterm
 from tracedpush.launcher.servers import traced_connectors_available
@@ -45,13 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         type=Path,
-        default=os.environ.get("TRACEDPUSH_MODEL"),
+        default=env_str("TRACEDPUSH_MODEL"),
         help="model directory; default the tiny model [TRACEDPUSH_MODEL]",
     )
     parser.add_argument(
         "--run-dir",
         type=Path,
-        default=os.environ.get("TRACEDPUSH_RUN_DIR"),
+        default=env_str("TRACEDPUSH_RUN_DIR"),
         help="output directory; default ./runs/<timestamp>-demo [TRACEDPUSH_RUN_DIR]",
     )
     parser.add_argument(
@@ -207,10 +207,10 @@ def _console_hook(traces: Path, no_console: bool) -> None:
     if no_console:
         print(f"Explore the traces: {hint}")
         return
-    if importlib.util.find_spec("tracedpush.console_command") is None:
+    if importlib.util.find_spec("tracedpush.console.command") is None:
         print(f"Explore the traces (once the console is installed): {hint}")
         return
-    module = importlib.import_module("tracedpush.console_command")
+    module = importlib.import_module("tracedpush.console.command")
     serve = getattr(module, "serve", None)
     if serve is None:
         print(f"Explore the traces: {hint}")

@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
+from tracedpush.envs import env_int, env_str
 from tracedpush.launcher.deployment import Deployment, DeploymentConfig, default_run_dir
 from tracedpush.launcher.processes import LaunchError, stop_on_sigterm, tail
-
-
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(name, default)
-
-
-def _env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,28 +29,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mode",
         choices=("push", "pull"),
-        default=_env("TRACEDPUSH_MODE", "push"),
+        default=env_str("TRACEDPUSH_MODE", "push"),
         help="KV handoff: push (P WRITEs into D's blocks, NixlPushConnector) or pull "
         "(D READs from P, NixlConnector) [TRACEDPUSH_MODE]",
     )
     parser.add_argument(
         "--model",
         type=Path,
-        default=_env("TRACEDPUSH_MODEL"),
+        default=env_str("TRACEDPUSH_MODEL"),
         help="model directory to serve; default: the tiny local Qwen2 model, built if "
         "absent (see `tracedpush model`) [TRACEDPUSH_MODEL]",
     )
     parser.add_argument(
         "--run-dir",
         type=Path,
-        default=_env("TRACEDPUSH_RUN_DIR"),
+        default=env_str("TRACEDPUSH_RUN_DIR"),
         help="where prefill.log, decode.log, proxy.log go; default ./runs/<timestamp>-<mode> "
         "[TRACEDPUSH_RUN_DIR]",
     )
     parser.add_argument(
         "--traces",
         type=Path,
-        default=_env("TRACEDPUSH_TRACES_DIR"),
+        default=env_str("TRACEDPUSH_TRACES_DIR"),
         help="directory for OTLP JSON-lines trace files; default <run-dir>/traces "
         "[TRACEDPUSH_TRACES_DIR]",
     )
@@ -70,38 +62,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--host",
-        default=_env("TRACEDPUSH_HOST", "127.0.0.1"),
+        default=env_str("TRACEDPUSH_HOST", "127.0.0.1"),
         help="bind address of every process [TRACEDPUSH_HOST]",
     )
     parser.add_argument(
         "--port",
         type=int,
-        default=_env_int("TRACEDPUSH_PORT", 8000),
+        default=env_int("TRACEDPUSH_PORT", 8000),
         help="proxy port [TRACEDPUSH_PORT]",
     )
     parser.add_argument(
         "--prefill-port",
         type=int,
-        default=_env_int("TRACEDPUSH_PREFILL_PORT", 8100),
+        default=env_int("TRACEDPUSH_PREFILL_PORT", 8100),
         help="first prefill engine's HTTP port; the i-th uses +i [TRACEDPUSH_PREFILL_PORT]",
     )
     parser.add_argument(
         "--decode-port",
         type=int,
-        default=_env_int("TRACEDPUSH_DECODE_PORT", 8200),
+        default=env_int("TRACEDPUSH_DECODE_PORT", 8200),
         help="first decode engine's HTTP port; the i-th uses +i [TRACEDPUSH_DECODE_PORT]",
     )
     parser.add_argument(
         "--prefill-side-channel-port",
         type=int,
-        default=_env_int("TRACEDPUSH_PREFILL_SIDE_CHANNEL_PORT", 5600),
+        default=env_int("TRACEDPUSH_PREFILL_SIDE_CHANNEL_PORT", 5600),
         help="first prefill engine's NIXL side-channel port (+i) "
         "[TRACEDPUSH_PREFILL_SIDE_CHANNEL_PORT]",
     )
     parser.add_argument(
         "--decode-side-channel-port",
         type=int,
-        default=_env_int("TRACEDPUSH_DECODE_SIDE_CHANNEL_PORT", 5700),
+        default=env_int("TRACEDPUSH_DECODE_SIDE_CHANNEL_PORT", 5700),
         help="first decode engine's NIXL side-channel port (+i) "
         "[TRACEDPUSH_DECODE_SIDE_CHANNEL_PORT]",
     )

@@ -13,6 +13,7 @@ from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
 from tracedpush import semconv
+from tracedpush.envs import env_bool, env_float, env_int, env_list, env_str
 from tracedpush.proxy.app import KV_DISCOVERY, MODES, ProxyConfig, create_app
 from tracedpush.proxy.coords import InstanceSpec, parse_instance
 from tracedpush.proxy.upstream import Timeouts
@@ -55,31 +56,6 @@ examples:
 """
 
 
-def _env(name: str, default: str | None = None) -> str | None:
-    value = os.environ.get(name)
-    return value if value not in (None, "") else default
-
-
-def _env_list(name: str) -> list[str] | None:
-    value = _env(name)
-    return value.split() if value else None
-
-
-def _env_float(name: str, default: float) -> float:
-    value = _env(name)
-    try:
-        return float(value) if value is not None else default
-    except ValueError:
-        raise SystemExit(f"{name}={value!r} is not a number") from None
-
-
-def _env_bool(name: str, default: bool) -> bool:
-    value = _env(name)
-    if value is None:
-        return default
-    return value.strip().lower() not in ("0", "false", "no", "off")
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     parser.epilog = EPILOG
@@ -87,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mode",
         choices=MODES,
-        default=_env("TRACEDPUSH_PROXY_MODE"),
+        default=env_str("TRACEDPUSH_PROXY_MODE"),
         help="KV handoff: push (P writes into D) or pull (D reads from P). "
         "Must match the engines' connector. Env: TRACEDPUSH_PROXY_MODE.",
     )
@@ -107,19 +83,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--host",
-        default=_env("TRACEDPUSH_PROXY_HOST", "0.0.0.0"),
+        default=env_str("TRACEDPUSH_PROXY_HOST", "0.0.0.0"),
         help="address to listen on (default 0.0.0.0). Env: TRACEDPUSH_PROXY_HOST.",
     )
     parser.add_argument(
         "--port",
         type=int,
-        default=int(_env("TRACEDPUSH_PROXY_PORT", "8000") or 8000),
+        default=env_int("TRACEDPUSH_PROXY_PORT", 8000),
         help="port to listen on (default 8000; 0 picks a free one). Env: TRACEDPUSH_PROXY_PORT.",
     )
     parser.add_argument(
         "--traces",
         metavar="DIR",
-        default=_env("TRACEDPUSH_TRACES_DIR", "traces"),
+        default=env_str("TRACEDPUSH_TRACES_DIR", "traces"),
         help="directory for OTLP JSON-lines trace files (default ./traces). OTLP "
         "export to a collector/Jaeger follows the standard OTEL_EXPORTER_OTLP_* "
         "variables. Env: TRACEDPUSH_TRACES_DIR.",
@@ -132,7 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace-context",
         action=argparse.BooleanOptionalAction,
-        default=_env_bool("TRACEDPUSH_TRACE_CONTEXT", True),
+        default=env_bool("TRACEDPUSH_TRACE_CONTEXT", True),
         help=f"put each leg's W3C traceparent into kv_transfer_params"
         f"['{semconv.KV_PARAMS_TRACE_KEY}'] so traced connectors join the proxy's "
         "trace (default on; vLLM's own connectors ignore the extra key). "
@@ -141,7 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kv-discovery",
         choices=KV_DISCOVERY,
-        default=_env("TRACEDPUSH_KV_DISCOVERY", "learn"),
+        default=env_str("TRACEDPUSH_KV_DISCOVERY", "learn"),
         help="push mode, for a prefill given without coordinates: 'learn' them from "
         "P's first answer (that request runs sequentially), or also 'probe' P with a "
         "1-token request when it turns healthy (pins one KV block on P for its lease, "
@@ -151,13 +127,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     timeouts.add_argument(
         "--connect-timeout",
         type=float,
-        default=_env_float("TRACEDPUSH_PROXY_CONNECT_TIMEOUT", 5.0),
+        default=env_float("TRACEDPUSH_PROXY_CONNECT_TIMEOUT", 5.0),
         help="TCP connect to an engine (default 5). Env: TRACEDPUSH_PROXY_CONNECT_TIMEOUT.",
     )
     timeouts.add_argument(
         "--first-byte-timeout",
         type=float,
-        default=_env_float("TRACEDPUSH_PROXY_FIRST_BYTE_TIMEOUT", 300.0),
+        default=env_float("TRACEDPUSH_PROXY_FIRST_BYTE_TIMEOUT", 300.0),
         help="request sent -> first response byte of a leg: the response head of a "
         "non-streamed leg, the first SSE event of a streamed one; covers queueing, "
         "prefill and the KV transfer (default 300). "
@@ -166,14 +142,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     timeouts.add_argument(
         "--total-timeout",
         type=float,
-        default=_env_float("TRACEDPUSH_PROXY_TOTAL_TIMEOUT", 900.0),
+        default=env_float("TRACEDPUSH_PROXY_TOTAL_TIMEOUT", 900.0),
         help="whole client request, both legs (default 900). Env: TRACEDPUSH_PROXY_TOTAL_TIMEOUT.",
     )
     health = parser.add_argument_group("health checks")
     health.add_argument(
         "--health-interval",
         type=float,
-        default=_env_float("TRACEDPUSH_PROXY_HEALTH_INTERVAL", 5.0),
+        default=env_float("TRACEDPUSH_PROXY_HEALTH_INTERVAL", 5.0),
         help="seconds between GET /health of every engine; unhealthy ones get no "
         "requests (default 5; 0 disables, and /health then checks on demand). "
         "Env: TRACEDPUSH_PROXY_HEALTH_INTERVAL.",
@@ -181,12 +157,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     health.add_argument(
         "--health-timeout",
         type=float,
-        default=_env_float("TRACEDPUSH_PROXY_HEALTH_TIMEOUT", 2.0),
+        default=env_float("TRACEDPUSH_PROXY_HEALTH_TIMEOUT", 2.0),
         help="timeout of one engine health check (default 2).",
     )
     parser.add_argument(
         "--log-level",
-        default=_env("TRACEDPUSH_LOG_LEVEL", "info"),
+        default=env_str("TRACEDPUSH_LOG_LEVEL", "info"),
         choices=("debug", "info", "warning", "error"),
         help="log level (default info). Env: TRACEDPUSH_LOG_LEVEL.",
     )
@@ -196,8 +172,8 @@ def build_config(args: argparse.Namespace) -> ProxyConfig:
     """ProxyConfig from parsed flags; ValueError explains a bad value."""
     if not args.mode:
         raise ValueError("--mode push|pull is required (or TRACEDPUSH_PROXY_MODE)")
-    prefill_urls = args.prefill or _env_list("TRACEDPUSH_PREFILL_URLS")
-    decode_urls = args.decode or _env_list("TRACEDPUSH_DECODE_URLS")
+    prefill_urls = args.prefill or env_list("TRACEDPUSH_PREFILL_URLS")
+    decode_urls = args.decode or env_list("TRACEDPUSH_DECODE_URLS")
     if not prefill_urls:
         raise ValueError("at least one --prefill URL is required")
     if not decode_urls:

@@ -20,10 +20,13 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 
 from tracedpush.telemetry import events as ev
-from tracedpush.telemetry.emitter import emitter_for
+from tracedpush.telemetry.emitter import Emitter
+from tracedpush.telemetry.engine_spans import EngineSpanEmitter
 from tracedpush.telemetry.events import named
 from tracedpush.telemetry.process_spans import ProcessSpans
-from tracedpush.telemetry.request_state import RequestState, RequestTracker
+from tracedpush.telemetry.pull_emitter import PullDecodeEmitter, PullPrefillEmitter
+from tracedpush.telemetry.push_emitter import PushDecodeEmitter, PushPrefillEmitter
+from tracedpush.telemetry.request_state import Handshake, RequestState, RequestTracker
 from tracedpush.telemetry.span_factory import BuilderConfig, SpanFactory
 from tracedpush.telemetry.threads import sample_engine
 
@@ -144,3 +147,17 @@ class SpanBuilder:
                 return
             req.set_context(None)
         self.emitter.emit(req, out, final)
+
+
+def emitter_for(spans: SpanFactory, handshakes: list[Handshake]) -> Emitter:
+    """The one emitter this process needs, by side, mode and role."""
+    cfg = spans.cfg
+    if cfg.side == "scheduler":
+        return EngineSpanEmitter(spans, handshakes)
+    kinds: dict[tuple[str, str], type[Emitter]] = {
+        ("push", "prefill"): PushPrefillEmitter,
+        ("push", "decode"): PushDecodeEmitter,
+        ("pull", "prefill"): PullPrefillEmitter,
+        ("pull", "decode"): PullDecodeEmitter,
+    }
+    return kinds[(cfg.mode, cfg.role)](spans, handshakes)

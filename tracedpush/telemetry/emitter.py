@@ -1,6 +1,6 @@
 """Emitters: turn a request's state into spans once a phase is complete.
 
-One emitter per process, picked at construction (`emitter_for`): the scheduler side
+One emitter per process, picked at construction (`builder.emitter_for`): the scheduler side
 emits the engine span (`prefill` / `decode`); each worker emits the `kv.*` phases of
 its mode and role (`push_emitter`, `pull_emitter`). The transfer, handshake and
 notification spans both modes share live here.
@@ -130,21 +130,3 @@ class Emitter:
             out, req, semconv.SPAN_KV_NOTIFY, start, max(start, end), attrs, events, error
         )
         req.done = True
-
-
-def emitter_for(spans: SpanFactory, handshakes: list[Handshake]) -> Emitter:
-    """The one emitter this process needs, by side, mode and role."""
-    from tracedpush.telemetry.engine_spans import EngineSpanEmitter
-    from tracedpush.telemetry.pull_emitter import PullDecodeEmitter, PullPrefillEmitter
-    from tracedpush.telemetry.push_emitter import PushDecodeEmitter, PushPrefillEmitter
-
-    cfg = spans.cfg
-    if cfg.side == "scheduler":
-        return EngineSpanEmitter(spans, handshakes)
-    kinds: dict[tuple[str, str], type[Emitter]] = {
-        ("push", "prefill"): PushPrefillEmitter,
-        ("push", "decode"): PushDecodeEmitter,
-        ("pull", "prefill"): PullPrefillEmitter,
-        ("pull", "decode"): PullDecodeEmitter,
-    }
-    return kinds[(cfg.mode, cfg.role)](spans, handshakes)

@@ -1,7 +1,7 @@
 """Per-process step traces for synthetic runs: ``engine.steps`` and ``engine.threads``.
 
-`add_process_traces` reads back the request spans `synthetic.generate` simulated for one
-mode (true clock) and derives what each engine process would have recorded:
+`add_process_traces` reads back the request spans `generate` simulated for one mode
+(true clock) and derives what each engine process would have recorded:
 
 * P (FIFO prefill): one worker step per prefill chunk of each request, inside the
   request's compute window (``compute_started`` -> prefill end); the scheduler's record
@@ -28,20 +28,20 @@ import random
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan
 
 from tracedpush import semconv as sc
-from tracedpush.analysis.synthetic import _attrs
-
-if TYPE_CHECKING:
-    from tracedpush.analysis.synthetic import _Emitter, _Proc
+from tracedpush.testing.synthetic.deployment import DECODE_INSTANCE, PREFILL_INSTANCE
+from tracedpush.testing.synthetic.encode import Emitter, Process
 
 P_CORE, D_CORE = 0, 1
 
 
 @dataclass(slots=True)
 class _Req:
-    trace_id: str
+    trace_id: int
     start: float  # proxy receipt
     end: float  # last token at the proxy
     outs: int
@@ -73,49 +73,42 @@ class _Step:
     loads_finished: int = 0
 
 
-def _true_ms(em: _Emitter, proc: _Proc, ns: Any) -> float:
-    return (int(ns) - em.base_ns - em.offsets_ns.get(proc.instance, 0)) / 1e6
-
-
-def _event(em: _Emitter, proc: _Proc, span: dict[str, Any], name: str) -> float | None:
-    for ev in span.get("events") or ():
-        if ev["name"] == name:
-            return _true_ms(em, proc, ev["timeUnixNano"])
+def _event(em: Emitter, proc: Process, span: ReadableSpan, name: str) -> float | None:
+    for ev in span.events:
+        if ev.name == name:
+            return em.true_ms(ev.timestamp, proc)
     return None
 
 
-def _attr(span: dict[str, Any], key: str) -> Any:
-    for a in span.get("attributes") or ():
-        if a["key"] == key:
-            v = a["value"]
-            return int(v["intValue"]) if "intValue" in v else next(iter(v.values()))
-    return None
+def _attr(span: ReadableSpan, key: str) -> Any:
+    return (span.attributes or {}).get(key)
 
 
-def _requests(em: _Emitter, procs: Mapping[str, _Proc]) -> list[_Req]:
-    reqs: dict[str, _Req] = {}
+def _requests(em: Emitter, procs: Mapping[str, Process]) -> list[_Req]:
+    reqs: dict[int, _Req] = {}
     proxy = procs["proxy"]
-    for _, s in proxy.spans:
-        if s["name"] != sc.SPAN_REQUEST:
+    for s in proxy.spans:
+        if s.name != sc.SPAN_REQUEST:
             continue
         ft = _event(em, proxy, s, sc.EVENT_FIRST_TOKEN)
         if ft is None:
             continue
-        reqs[s["traceId"]] = _Req(
-            s["traceId"],
-            _true_ms(em, proxy, s["startTimeUnixNano"]),
-            _true_ms(em, proxy, s["endTimeUnixNano"]),
+        trace_id = s.context.trace_id if s.context else 0
+        reqs[trace_id] = _Req(
+            trace_id,
+            em.true_ms(s.start_time or 0, proxy),
+            em.true_ms(s.end_time or 0, proxy),
             int(_attr(s, sc.OUTPUT_TOKENS) or 1),
         )
     for key in ("p_sched", "p_work", "d_sched", "d_work"):
         proc = procs[key]
-        for _, s in proc.spans:
-            r = reqs.get(s["traceId"])
+        for s in proc.spans:
+            r = reqs.get(s.context.trace_id if s.context else 0)
             if r is None:
                 continue
-            start = _true_ms(em, proc, s["startTimeUnixNano"])
-            end = _true_ms(em, proc, s["endTimeUnixNano"])
-            name = s["name"]
+            start = em.true_ms(s.start_time or 0, proc)
+            end = em.true_ms(s.end_time or 0, proc)
+            name = s.name
             if name == sc.SPAN_PREFILL:
                 cs = _event(em, proc, s, sc.EVENT_COMPUTE_STARTED)
                 r.p_compute = (cs if cs is not None else start, end - 0.2)
@@ -228,14 +221,14 @@ def _decode_steps(reqs: Sequence[_Req], mode: str) -> list[_Step]:
 
 
 def _emit_steps(
-    em: _Emitter,
+    em: Emitter,
     rng: random.Random,
-    sched: _Proc,
-    work: _Proc,
+    sched: Process,
+    work: Process,
     steps: Sequence[_Step],
     base: Mapping[str, Any],
-) -> tuple[str, str]:
-    sched_tid, work_tid = f"{rng.getrandbits(128):032x}", f"{rng.getrandbits(128):032x}"
+) -> tuple[int, int]:
+    sched_tid, work_tid = rng.getrandbits(128), rng.getrandbits(128)
     groups: dict[int, list[tuple[int, _Step]]] = {}
     for seq, st in enumerate(steps, start=1):
         groups.setdefault(int(st.start // 1000.0), []).append((seq, st))
@@ -244,7 +237,6 @@ def _emit_steps(
         # scheduler: scheduled just before the worker binds the step's metadata
         s_starts = [em.ns(st.start - 0.05, sched) for _, st in batch]
         _span(
-            em,
             rng,
             sched,
             sched_tid,
@@ -268,7 +260,6 @@ def _emit_steps(
         res = [round(st.results_ms * 1000) for _, st in batch]
         bind = [max(c - lo - r - 1, 0) for c, lo, r in zip(conn, load, res, strict=True)]
         _span(
-            em,
             rng,
             work,
             work_tid,
@@ -294,29 +285,16 @@ def _emit_steps(
 
 
 def _span(
-    em: _Emitter,
     rng: random.Random,
-    proc: _Proc,
-    trace_id: str,
+    proc: Process,
+    trace_id: int,
     name: str,
     start_ns: int,
     end_ns: int,
     attrs: Mapping[str, Any],
 ) -> None:
-    d = {
-        "traceId": trace_id,
-        "spanId": f"{rng.getrandbits(64):016x}",
-        "parentSpanId": "",
-        "name": name,
-        "kind": 1,
-        "startTimeUnixNano": str(start_ns),
-        "endTimeUnixNano": str(max(end_ns, start_ns)),
-        "attributes": _attrs(attrs),
-        "events": [],
-        "links": [],
-        "status": {"code": 0},
-    }
-    proc.spans.append((max(end_ns, start_ns), d))
+    """A root span of a per-process trace (span ids from the steps' own generator)."""
+    proc.add(trace_id, rng.getrandbits(64), 0, name, start_ns, end_ns, attrs)
 
 
 def _busy(intervals: Iterable[tuple[float, float]], t0: float, t1: float) -> float:
@@ -335,11 +313,47 @@ class _Thread:
     affinity: str
 
 
+def _threads(
+    engine: str, mode: str, sched_pid: int, work_pid: int, api_pid: int
+) -> tuple[list[_Thread], list[_Thread]]:
+    """The threads an engine's scheduler side (EngineCore and its API server) and worker
+    report, with their starting CPU, pinned to the engine's core."""
+    core = P_CORE if engine == "prefill" else D_CORE
+
+    def th(pid: int, tid: int, process: str, name: str, role: str, cpu: float) -> _Thread:
+        return _Thread(pid, tid, process, name, role, cpu, core, str(core))
+
+    sched = [
+        th(sched_pid, sched_pid, "engine_core", "MainThread", "engine_core", 9000.0),
+        th(sched_pid, sched_pid + 11, "engine_core", "ZMQbg/IO/0", "other", 5.0),
+        th(
+            sched_pid,
+            sched_pid + 12,
+            "engine_core",
+            "tracedpush-builder-scheduler",
+            "tracedpush",
+            0.0,
+        ),
+        th(sched_pid, sched_pid + 13, "engine_core", "tracedpush-export-jsonl", "tracedpush", 0.0),
+        th(api_pid, api_pid, "api_server", "python", "api_server", 4000.0),
+    ]
+    writer = [th(work_pid, work_pid + 25, "worker", "nixl-push-writer", "push_writer", 0.0)]
+    work = [
+        th(work_pid, work_pid, "worker", "MainThread", "model_runner", 15000.0),
+        th(work_pid, work_pid + 21, "worker", "VLLM::Worker", "compute", 20000.0),
+        *(writer if mode == "push" else []),
+        th(work_pid, work_pid + 22, "worker", "ucx-progress", "other", 0.0),
+        th(work_pid, work_pid + 23, "worker", "tracedpush-builder-worker", "tracedpush", 0.0),
+        th(work_pid, work_pid + 24, "worker", "tracedpush-export-jsonl", "tracedpush", 0.0),
+    ]
+    return sched, work
+
+
 def _emit_threads(
-    em: _Emitter,
+    em: Emitter,
     rng: random.Random,
-    proc: _Proc,
-    trace_id: str,
+    proc: Process,
+    trace_id: int,
     threads: Sequence[_Thread],
     t0: float,
     t1: float,
@@ -357,7 +371,6 @@ def _emit_threads(
                 th.cpu += ms
                 th.core = core
         _span(
-            em,
             rng,
             proc,
             trace_id,
@@ -384,16 +397,14 @@ def _emit_threads(
 
 
 def add_process_traces(
-    em: _Emitter,
-    procs: Mapping[str, _Proc],
+    em: Emitter,
+    procs: Mapping[str, Process],
     mode: str,
     *,
     seed: int = 0,
     unpinned_decode: bool = False,
 ) -> None:
     """Append engine.steps and engine.threads spans to P's and D's processes."""
-    from tracedpush.analysis.synthetic import DECODE_INSTANCE, PREFILL_INSTANCE
-
     rng = random.Random(seed)
     reqs = _requests(em, procs)
     if not reqs:
@@ -427,81 +438,6 @@ def add_process_traces(
                 covered += e - s
                 cur = e
         return covered
-
-    def threads_for(engine: str, sched_pid: int, work_pid: int, api_pid: int) -> tuple:
-        core = P_CORE if engine == "prefill" else D_CORE
-        aff = str(core)
-        sched = [
-            _Thread(
-                sched_pid, sched_pid, "engine_core", "MainThread", "engine_core", 9000.0, core, aff
-            ),
-            _Thread(
-                sched_pid, sched_pid + 11, "engine_core", "ZMQbg/IO/0", "other", 5.0, core, aff
-            ),
-            _Thread(
-                sched_pid,
-                sched_pid + 12,
-                "engine_core",
-                "tracedpush-builder-scheduler",
-                "tracedpush",
-                0.0,
-                core,
-                aff,
-            ),
-            _Thread(
-                sched_pid,
-                sched_pid + 13,
-                "engine_core",
-                "tracedpush-export-jsonl",
-                "tracedpush",
-                0.0,
-                core,
-                aff,
-            ),
-            _Thread(api_pid, api_pid, "api_server", "python", "api_server", 4000.0, core, aff),
-        ]
-        work = [
-            _Thread(work_pid, work_pid, "worker", "MainThread", "model_runner", 15000.0, core, aff),
-            _Thread(
-                work_pid, work_pid + 21, "worker", "VLLM::Worker", "compute", 20000.0, core, aff
-            ),
-            _Thread(work_pid, work_pid + 22, "worker", "ucx-progress", "other", 0.0, core, aff),
-            _Thread(
-                work_pid,
-                work_pid + 23,
-                "worker",
-                "tracedpush-builder-worker",
-                "tracedpush",
-                0.0,
-                core,
-                aff,
-            ),
-            _Thread(
-                work_pid,
-                work_pid + 24,
-                "worker",
-                "tracedpush-export-jsonl",
-                "tracedpush",
-                0.0,
-                core,
-                aff,
-            ),
-        ]
-        if mode == "push":
-            work.insert(
-                2,
-                _Thread(
-                    work_pid,
-                    work_pid + 25,
-                    "worker",
-                    "nixl-push-writer",
-                    "push_writer",
-                    0.0,
-                    core,
-                    aff,
-                ),
-            )
-        return sched, work
 
     def usage_for(engine: str) -> Any:
         busy = p_busy if engine == "prefill" else d_busy
@@ -538,7 +474,7 @@ def add_process_traces(
     for engine, (ks, kw) in pids.items():
         sp, wp = procs[ks], procs[kw]
         base = p_base if engine == "prefill" else d_base
-        sched, work = threads_for(engine, sp.pid, wp.pid, sp.pid + 50)
+        sched, work = _threads(engine, mode, sp.pid, wp.pid, sp.pid + 50)
         if engine == "decode" and unpinned_decode:
             sched[0].affinity = f"{P_CORE}-{D_CORE}"
         usage = usage_for(engine)

@@ -1,4 +1,8 @@
-"""Read what the console plotted back out of an AppTest: figures as the browser gets them."""
+"""Read what the console plotted back out of an AppTest: figures as the browser gets them.
+
+For tests of the console (tests/console): ``figure(at, "timeline")``, ``traces_of(fig,
+kind="critical")``, ``messages(at)``; Plotly's binary arrays are decoded to lists.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """`tracedpush console`: serve the Streamlit console on a traces directory or Jaeger.
 
-The app lives in ``console/`` at the top of the repository; ``tracedpush/console`` is a
-symlink to it, so an installed wheel ships it as the ``tracedpush.console`` package and
-this command finds ``app.py`` next to that package wherever tracedpush is installed.
-The command only builds a ``streamlit run`` command line: the app parses the arguments
+The app lives in ``console/`` at the top of the repository, installed as the
+``tracedpush.console`` package (pyproject.toml maps it), so this command finds ``app.py``
+beside itself wherever tracedpush is installed. It imports neither Streamlit nor the
+app: it only builds a ``streamlit run`` command line, and the app parses the arguments
 after ``--`` itself (``console/source.py``), so ``streamlit run console/app.py -- ...``
 behaves the same.
 """
@@ -13,12 +13,9 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
-import urllib.request
 from pathlib import Path
 
 DEFAULT_PORT = 8501
@@ -26,9 +23,7 @@ DEFAULT_PORT = 8501
 
 def app_path() -> Path:
     """The console's entry script, from a source checkout or an installed wheel."""
-    import tracedpush.console
-
-    return Path(tracedpush.console.__file__).resolve().parent / "app.py"
+    return Path(__file__).resolve().parent / "app.py"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -129,66 +124,6 @@ def serve(
 ) -> int:
     """Serve the console on a traces directory until Ctrl-C (`tracedpush demo` ends here)."""
     return _serve(["--traces", str(Path(traces_dir).expanduser().resolve())], port, host)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-class ConsoleServer:
-    """The console in a background process on a free port (tests, benchmarks)::
-
-    with ConsoleServer(["--traces", "traces/"]) as server:
-        server.url  # http://127.0.0.1:PORT, healthy
-    """
-
-    def __init__(
-        self,
-        app_args: list[str],
-        *,
-        port: int | None = None,
-        log_path: str | os.PathLike[str] | None = None,
-        timeout: float = 60.0,
-    ) -> None:
-        self.app_args = app_args
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(log_path) if log_path else None
-        self.timeout = timeout
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> ConsoleServer:
-        out = self.log_path.open("wb") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(
-            streamlit_command(self.app_args, port=self.port),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"streamlit exited with {self.proc.returncode}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.2)
-        self.__exit__(None, None, None)
-        raise TimeoutError(f"the console did not answer on {self.url} in {self.timeout} s")
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def run(args: argparse.Namespace) -> int:

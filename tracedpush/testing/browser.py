@@ -1,22 +1,49 @@
 """Drive the console in headless Chromium (selenium): for the browser tests and the
 first-render benchmark, which need what AppTest cannot give: a real render.
 
-Uses the system's Chromium and ChromeDriver (Debian packages chromium, chromium-driver)
-through an explicit Service, so selenium never downloads a driver.
+Uses the system's Chromium and ChromeDriver, found on ``PATH`` like scripts/install.sh
+checks them (commands ``chromium`` and ``chromedriver``, Debian packages chromium and
+chromium-driver; other distributions' names are tried too), through an explicit
+Service, so selenium never downloads a driver. Selenium's own ``SE_CHROMEDRIVER`` and
+``SE_BROWSER_PATH`` override the driver and the browser.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
+
+@dataclass(frozen=True)
+class Executable:
+    """A program found by an environment override, else by its usual names on PATH."""
+
+    env: str
+    names: tuple[str, ...]
+
+    def find(self) -> str | None:
+        override = os.environ.get(self.env, "").strip()
+        if override:
+            return shutil.which(override)
+        return next((path for name in self.names if (path := shutil.which(name))), None)
+
+    def missing(self) -> str:
+        """What to install or set, for a message."""
+        override = os.environ.get(self.env, "").strip()
+        if override:
+            return f"{self.env}={override} (not an executable)"
+        return f"{' or '.join(self.names)} on PATH (or set {self.env})"
+
+
+CHROMIUM = Executable("SE_BROWSER_PATH", ("chromium", "chromium-browser", "google-chrome"))
+CHROMEDRIVER = Executable("SE_CHROMEDRIVER", ("chromedriver",))
 APP_IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
 PLOTLY_CHART = "[data-testid='stPlotlyChart']"
 EXCEPTION = "[data-testid='stException']"
@@ -36,13 +63,25 @@ CHROME_FLAGS = (
 
 
 def available() -> str | None:
-    """None if Chromium and ChromeDriver are installed, else what is missing."""
-    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not Path(p).exists()]
+    """None if Chromium, ChromeDriver and selenium are installed, else what is missing."""
+    missing = [exe.missing() for exe in (CHROMIUM, CHROMEDRIVER) if exe.find() is None]
     try:
         import selenium  # noqa: F401
     except ImportError:
         missing.append("selenium (pip)")
     return ", ".join(missing) or None
+
+
+def executables() -> tuple[str, str]:
+    """Paths of Chromium and ChromeDriver; a RuntimeError says what is missing."""
+    browser, driver = CHROMIUM.find(), CHROMEDRIVER.find()
+    if browser is None or driver is None:
+        missing = [exe.missing() for exe in (CHROMIUM, CHROMEDRIVER) if exe.find() is None]
+        raise RuntimeError(
+            f"headless Chromium needs {', '.join(missing)}: install the chromium and "
+            "chromium-driver packages (scripts/install.sh does it with apt-get)"
+        )
+    return browser, driver
 
 
 @contextmanager
@@ -51,12 +90,13 @@ def chromium() -> Iterator[Any]:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
+    browser, chromedriver = executables()
     profile = tempfile.mkdtemp(prefix="tracedpush-chromium-")
     options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
+    options.binary_location = browser
     for flag in (*CHROME_FLAGS, f"--user-data-dir={profile}"):
         options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver = webdriver.Chrome(service=Service(chromedriver), options=options)
     try:
         yield driver
     finally:

@@ -1,1 +1,0 @@
-"""One Streamlit page per module; `console/app.py` registers them with st.navigation."""

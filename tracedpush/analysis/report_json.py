@@ -1,0 +1,64 @@
+"""The JSON report format (docs/report.md, `tracedpush report --format json`).
+
+A renderer, beside `report` (text) and `perfetto`: it reads the analysis' data
+(`results`), the comparison and the contention findings, and none of them read it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tracedpush.analysis.compare import compare
+from tracedpush.analysis.model import round_ms
+from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
+
+JSON_VERSION = 2  # bump when docs/report.md's JSON format changes incompatibly
+
+
+def request_json(r: RequestAnalysis, *, spans: bool = False) -> dict[str, Any]:
+    """One request as the report's ``requests[]`` entry."""
+    out: dict[str, Any] = {
+        "trace_id": r.trace_id,
+        "request_id": r.request_id,
+        "mode": r.mode,
+        "prompt_tokens": r.prompt_tokens,
+        "output_tokens": r.output_tokens,
+        "ttft_ms": round_ms(r.ttft_ms),
+        "tpot_ms": round_ms(r.tpot_ms),
+        "start_unix_ms": round(r.start_unix_ms, 3),
+        "load": r.load,
+        "load_bucket": r.load_bucket,
+        "bucket": r.bucket,
+        "complete": r.complete,
+        "problems": list(r.problems),
+        "error": r.error,
+        "rendezvous_first": r.rendezvous_first,
+        "critical_path": [s.to_json() for s in r.critical_path],
+        "hidden": [s.to_json() for s in r.hidden],
+        "engine_phases_ms": {
+            role: {p: round(v, 4) for p, v in d.items()} for role, d in r.engine_phases_ms.items()
+        },
+        "prefill_steps": r.prefill_steps,
+        "tpot_breakdown_ms": None
+        if r.tpot_breakdown_ms is None
+        else {k: round(v, 4) for k, v in r.tpot_breakdown_ms.items()},
+    }
+    if spans:
+        out["spans"] = [s.to_json() for s in r.spans]
+    return out
+
+
+def run_json(run: RunAnalysis, *, spans: bool = False) -> dict[str, Any]:
+    """The whole documented report: requests, offsets, comparison, steps, contention."""
+    return {
+        "version": JSON_VERSION,
+        "source": run.source,
+        "skew_corrected": run.skew_corrected,
+        "skew_policy": run.skew_policy,
+        "load_stats": run.stats.to_json(),
+        "clock_offsets_ms": {k: v.to_json() for k, v in run.clock_offsets.items()},
+        "requests": [request_json(r, spans=spans) for r in run.requests],
+        "comparison": compare(run).to_json(),
+        "engine_steps": run.engine_steps.summary() if run.engine_steps else {},
+        "contention": run.contention().to_json(),
+    }

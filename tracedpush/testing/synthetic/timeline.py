@@ -1,0 +1,187 @@
+"""One request's timeline up to and after the KV handoff (true clock, ms from run start).
+
+The simulation's state (`Deployment`) and the parts of a request both modes share: its
+arrival (`Arrival`), the proxy's prefill leg (`PrefillLeg`), what D's side of the
+handoff must provide (`DecodeLeg`, filled by `push` or `pull`) and the end of the
+request (`Finish`). Every draw comes from the run's one generator, in a fixed order, so
+a seed always gives the same traces.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tracedpush.testing.synthetic.deployment import (
+    BLOCK_TOKENS,
+    KV_BYTES_PER_TOKEN,
+    PREFILL_CHUNK_TOKENS,
+    PROXY_BUILD_MS,
+)
+from tracedpush.testing.synthetic.encode import Emitter
+
+
+class Deployment:
+    """One mode's 1P1D: a FIFO prefill engine, P's push writer thread, the proxy's load."""
+
+    def __init__(
+        self,
+        rng: random.Random,
+        mode: str,
+        *,
+        registration_late: float,
+        http_received: bool,
+    ) -> None:
+        self.rng, self.mode = rng, mode
+        self.registration_late = registration_late  # push: share of late D registrations
+        self.http_received = http_received  # the engines' HTTP middleware is on
+        self.p_free = 0.0  # prefill engine busy until
+        self.w_free = 0.0  # push writer thread busy until
+        self.inflight: list[float] = []  # end times of requests in flight at the proxy
+        self.last_end_ms = 0.0
+
+    def net(self) -> float:
+        return 0.25 + self.rng.expovariate(10.0)  # one way, ~0.35 ms mean, symmetric
+
+    def admit(self, t: float) -> int:
+        """The proxy's load when a request arrives at `t`, the request included."""
+        self.inflight = [e for e in self.inflight if e > t]
+        return len(self.inflight) + 1
+
+    def leave(self, end: float) -> None:
+        self.inflight.append(end)
+        self.last_end_ms = max(self.last_end_ms, end)
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """A request as it reaches the proxy at `t`, and the load it meets there."""
+
+    rid: str
+    mode: str
+    t: float
+    prompt: int
+    outs: int
+    first: bool  # the run's first request: pays the NIXL handshake
+    load: int
+    trace_id: int
+    local_id: str
+    dropped: frozenset[str]  # span names this request loses
+
+    @property
+    def step(self) -> float:
+        """D's decode step period (ms), which is also the TPOT."""
+        return 6.0 + 0.6 * self.load + self.prompt * 0.0004
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.prompt // BLOCK_TOKENS)
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.prompt * KV_BYTES_PER_TOKEN
+
+    @property
+    def xfer(self) -> float:
+        return 0.05 + self.kv_bytes / 5e6  # ms at 5 GB/s
+
+
+def arrive(
+    dep: Deployment,
+    em: Emitter,
+    drop_spans: Mapping[str, float],
+    rid: str,
+    t: float,
+    prompt: int,
+    outs: int,
+    *,
+    first: bool,
+) -> Arrival:
+    load = dep.admit(t)
+    dropped = frozenset(n for n, pr in drop_spans.items() if dep.rng.random() < pr)
+    trace_id = em.new_id(16)
+    local = f"{rid}-{em.new_id(4):08x}"
+    return Arrival(rid, dep.mode, t, prompt, outs, first, load, trace_id, local, dropped)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillLeg:
+    """The proxy -> P leg. Every engine leg is network (proxy -> HTTP server), API server
+    (HTTP, tokenization, IPC; vLLM's arrival_time is stamped after tokenization), then
+    queue wait (FIFO)."""
+
+    pp_start: float  # proxy.prefill span
+    p_sent: float  # its bytes leave the proxy
+    p_http: float  # P's HTTP server has it
+    p_sched: float  # P's scheduler has it
+    compute_start: float
+    pre_start: float  # prefill span: HTTP receipt, or vLLM's arrival without middleware
+    pre_end: float
+    pp_end: float
+    steps: int  # prefill engine steps (chunks)
+
+
+def prefill_leg(dep: Deployment, a: Arrival) -> PrefillLeg:
+    rng = dep.rng
+    pp_start = a.t + 0.2 + rng.random() * 0.1
+    p_sent = pp_start + PROXY_BUILD_MS
+    p_http = p_sent + dep.net()
+    p_api = 0.4 + a.prompt * 0.0002 + rng.uniform(0.0, 0.3) * a.load
+    p_arrival = p_http + 0.6 * p_api
+    p_sched = p_http + p_api
+    compute_start = max(p_sched + rng.uniform(0.05, 0.3), dep.p_free)  # FIFO queue
+    dep.p_free = compute_start + (4.0 + a.prompt * 0.03)  # + compute time
+    pre_end = dep.p_free + 0.2
+    return PrefillLeg(
+        pp_start=pp_start,
+        p_sent=p_sent,
+        p_http=p_http,
+        p_sched=p_sched,
+        compute_start=compute_start,
+        pre_start=p_http if dep.http_received else p_arrival,
+        pre_end=pre_end,
+        pp_end=pre_end + 0.8 + dep.net(),
+        steps=-(-a.prompt // PREFILL_CHUNK_TOKENS),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeLeg:
+    """The proxy -> D leg and the KV transfer, as both modes have them."""
+
+    pd_start: float  # proxy.decode span
+    d_sent: float
+    d_http: float
+    d_api: float  # D's API-server time
+    d_sched: float
+    alloc: float  # D allocated the request's blocks
+    handshake: tuple[float, float] | None  # first request only
+    dp_start: float  # kv.desc_prep
+    dp_end: float
+    poll_lag: float  # transfer done -> its completion seen
+    notify: float  # kv.notify (an instant)
+    kv_done: float  # D can schedule the first token
+    handoff: float  # step handoff on the path (ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """D's decode span, the first token and the end of the request."""
+
+    dec_start: float
+    dec_end: float  # first token scheduled
+    pd_ft: float  # first token at the proxy's decode leg
+    ft: float  # first token sent to the client
+    end: float
+    pd_end: float
+
+
+def finish(dep: Deployment, a: Arrival, leg: DecodeLeg) -> Finish:
+    dec_start = leg.d_http if dep.http_received else leg.d_http + 0.6 * leg.d_api
+    dec_end = leg.kv_done + dep.rng.uniform(0.1, a.step)
+    pd_ft = dec_end + a.step + 0.3 + dep.net()
+    ft = pd_ft + 0.1
+    end = ft + (a.outs - 1) * a.step + 0.2
+    dep.leave(end)
+    return Finish(dec_start, dec_end, pd_ft, ft, end, end - 0.1)
