@@ -50,8 +50,10 @@ def driver():
 
 
 def _shown_when_loaded(driver: Any, title: str, timeout: float = 120.0) -> dict[str, Any]:
-    """What the page shows once its title and the navigation are drawn and the script
-    has finished (or an exception is shown)."""
+    """What the page shows once its title, the navigation and the sidebar's source
+    controls are drawn and the script has finished (or an exception is shown). The Live
+    page reruns every few seconds, so a snapshot mid-rerun can miss a widget: wait for
+    all of them rather than for the first idle moment."""
     deadline = time.monotonic() + timeout
     shown: dict[str, Any] = {}
     while time.monotonic() < deadline:
@@ -59,7 +61,8 @@ def _shown_when_loaded(driver: Any, title: str, timeout: float = 120.0) -> dict[
         if browser.exception_text(driver):
             return shown
         idle = driver.find_elements("css selector", browser.APP_IDLE)
-        if idle and shown["nav"] and any(t.startswith(title) for t in shown["titles"]):
+        drawn = shown["nav"] and any(t.startswith(title) for t in shown["titles"])
+        if idle and drawn and "Reload" in shown["sidebar"]:
             return shown
         time.sleep(0.1)
     raise TimeoutError(f"{title!r} not drawn in {timeout} s: {shown}")

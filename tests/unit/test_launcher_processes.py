@@ -3,6 +3,7 @@ starts, teardown of whole process trees, SIGKILL escalation, the parent-death ba
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import socket
@@ -18,12 +19,14 @@ from tracedpush.launcher.processes import (
     EnginesLock,
     LaunchError,
     ManagedProcess,
+    http_ok,
     lock_delegation_env,
     port_in_use,
     session_members,
     stop_all,
     wait_healthy,
 )
+from tracedpush.launcher.supervise import Supervisor
 from tracedpush.testing.net import free_port
 from tracedpush.testing.processes import alive
 
@@ -209,3 +212,57 @@ def test_engines_lock_can_be_delegated_to_a_child(tmp_path: Path):
         probe = "import fcntl, os\nfd = os.open(os.environ['TRACEDPUSH_ENGINES_LOCK'], os.O_RDWR)\n"
         probe += "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)"
         assert subprocess.run([sys.executable, "-c", probe], env=env).returncode != 0
+
+
+# ------------------------------------------------------------- --on-exit (supervise)
+
+
+def _kill_tree(proc: ManagedProcess) -> None:
+    """SIGKILL the server's whole session, as a user killing an engine would."""
+    os.killpg(proc.pid or 0, signal.SIGKILL)
+    assert wait_for(lambda: not proc.alive(), 10)
+
+
+def test_restart_brings_the_dead_one_back_and_leaves_the_others_alone(fake):
+    p, _ = fake("prefill")
+    d, d_pids = fake("decode")
+    wait_healthy([p, d], timeout=60, interval=0.1)
+    p_pid, d_pid = p.pid, d.pid
+    d_child = int(d_pids.read_text().split()[1])  # its "EngineCore"
+    out = io.StringIO()
+    sup = Supervisor([p, d], policy="restart", backoff_s=(0.2, 0.4), out=out)
+    os.kill(d_pid or 0, signal.SIGKILL)  # the server dies, its child lives on
+    assert wait_for(lambda: not d.alive(), 10) and alive(d_child)
+
+    assert sup.step()  # noticed: one line naming it, with its log tail
+    first = out.getvalue()
+    assert f"decode (pid {d_pid}) exited unexpectedly" in first
+    assert "restarting it in 0.2 s (attempt 1)" in first and "serving" in first
+    assert wait_for(lambda: (sup.step(), d.alive() and d.pid != d_pid)[1], 10)
+    assert wait_for(lambda: (sup.step(), "decode is healthy again" in out.getvalue())[1], 30)
+    assert p.alive() and p.pid == p_pid  # the other process never noticed
+    assert d.health_url and http_ok(d.health_url)
+    assert d.log_path.read_text().count("fake_server.py") == 2  # one log, appended
+    # what was left of the old one (its child) was cleared before the restart
+    assert not alive(d_child)
+
+    _kill_tree(d)  # crashes again soon after: backoff grows
+    assert sup.step()
+    assert "restarting it in 0.4 s (attempt 2)" in out.getvalue()
+
+
+def test_stop_fails_fast_and_keep_leaves_it_dead(fake):
+    p, _ = fake("prefill")
+    d, _ = fake("decode")
+    wait_healthy([p, d], timeout=60, interval=0.1)
+    out = io.StringIO()
+    _kill_tree(d)
+    assert not Supervisor([p, d], policy="stop", out=out).step()
+    assert "stopping everything (--on-exit stop)" in out.getvalue()
+
+    keep = Supervisor([p, d], policy="keep", backoff_s=(0.0,), out=out)
+    assert keep.step() and keep.step()
+    assert not d.alive() and p.alive()
+    assert out.getvalue().count("the others keep running") == 1  # said once
+    with pytest.raises(ValueError, match="restart, stop, keep"):
+        Supervisor([p], policy="retry")

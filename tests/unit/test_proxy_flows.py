@@ -561,3 +561,18 @@ def test_metrics_count_requests_by_status_and_leg():
             assert 'tracedpush_proxy_requests_in_flight{mode="pull"} 0' in text
 
     run(scenario)
+
+
+def test_idle_engine_connections_are_dropped_before_vllm_drops_them():
+    """vLLM's API server closes an idle keep-alive connection after
+    VLLM_HTTP_TIMEOUT_KEEP_ALIVE; a proxy that kept it longer could send a leg on a
+    connection being closed ("Server disconnected", a lost request)."""
+    from vllm import envs
+
+    async def scenario():
+        async with proxy_rig("pull") as rig:
+            session = rig.client.app[STATE].upstream.session
+            keepalive = session.connector._keepalive_timeout
+        assert 0 < keepalive < envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE
+
+    run(scenario)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 from tracedpush.envs import env_int, env_str
 from tracedpush.launcher.deployment import Deployment, DeploymentConfig, default_run_dir
-from tracedpush.launcher.processes import LaunchError, stop_on_sigterm, tail
+from tracedpush.launcher.processes import LaunchError, stop_on_sigterm
+from tracedpush.launcher.supervise import ON_EXIT, Supervisor
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -117,6 +117,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="start only the engines (drive them with your own router)",
     )
     parser.add_argument(
+        "--on-exit",
+        choices=ON_EXIT,
+        default=env_str("TRACEDPUSH_ON_EXIT", "restart"),
+        help="when a process exits: restart it with backoff (the others keep serving), "
+        "stop everything (fail fast, for scripts), or keep the others running "
+        "[TRACEDPUSH_ON_EXIT]",
+    )
+    parser.add_argument(
         "--engine-arg",
         action="append",
         default=[],
@@ -148,20 +156,6 @@ def config_from_args(args: argparse.Namespace) -> DeploymentConfig:
     )
 
 
-def _watch(deployment: Deployment) -> None:
-    while True:
-        time.sleep(2.0)
-        for p in deployment.processes:
-            if not p.alive():
-                code = p.popen.returncode if p.popen else None
-                print(
-                    f"tracedpush up: {p.name} exited unexpectedly (code {code})"
-                    f"; last lines of {p.log_path}:\n{tail(p.log_path)}",
-                    file=sys.stderr,
-                )
-                return
-
-
 def run(args: argparse.Namespace) -> int:
     stop_on_sigterm()  # SIGTERM unwinds like Ctrl-C: everything started is stopped
     deployment = None
@@ -173,7 +167,10 @@ def run(args: argparse.Namespace) -> int:
             for name, url in deployment.urls().items():
                 print(f"  {name:<{width}}  {url}", flush=True)
             print("Press Ctrl-C to stop.\n", flush=True)
-            _watch(deployment)  # until a signal unwinds us, or a process dies
+            # until a signal unwinds us, or (--on-exit stop) a process dies
+            Supervisor(
+                deployment.processes, policy=args.on_exit, respawn=deployment.respawn
+            ).watch()
             return 1
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (Terminated)
         pass

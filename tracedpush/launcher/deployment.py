@@ -341,6 +341,24 @@ class Deployment:
         )
         return proxy, {**servers.common_env(), **c.env}
 
+    def respawn(self, proc: ManagedProcess) -> None:
+        """Start one of this deployment's processes again (the caller cleared the old one).
+
+        A decode engine comes back under a new engine id (``decode-engine-001-r1``, ...):
+        vLLM's push connector on P keeps the NIXL agent of a D it has seen, by engine id,
+        and after that D restarted every WRITE to it failed with
+        NIXL_ERR_REMOTE_DISCONNECT. Under a new id, P handshakes with the new agent. A
+        prefill engine keeps its id: the proxy gives it to D as P's coordinates.
+        """
+        for i, e in enumerate(self.decodes):
+            if e.name == proc.name:
+                self.decodes[i] = e = replace(e, generation=e.generation + 1)
+                fresh, _ = self.engine_process(e)
+                proc.argv = fresh.argv
+                self.log(f"{e.name}: restarting as engine id {e.engine_id}")
+                break
+        proc.restart()
+
     def _progress(self, t0: float) -> Callable[[float, list[str]], None]:
         last = [0.0]
 

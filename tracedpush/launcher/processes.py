@@ -201,6 +201,8 @@ class ManagedProcess:
     health_url: str | None = None
     cpus: tuple[int, ...] = ()  # CPU affinity of the server and all it starts; () = inherit
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _env: dict[str, str] = field(default_factory=dict, repr=False)
+    _cwd: str | os.PathLike[str] | None = field(default=None, repr=False)
 
     @property
     def pid(self) -> int | None:
@@ -210,6 +212,7 @@ class ManagedProcess:
         return self.popen is not None and self.popen.poll() is None
 
     def start(self, env: Mapping[str, str], cwd: str | os.PathLike[str] | None = None) -> None:
+        self._env, self._cwd = dict(env), cwd
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             log.write(f"# {time.strftime('%F %T')} {' '.join(self.argv)}\n".encode())
@@ -224,6 +227,13 @@ class ManagedProcess:
                 start_new_session=True,
                 preexec_fn=functools.partial(_child_setup, tuple(self.cpus)),
             )
+
+    def restart(self) -> None:
+        """Start again as last started (same argv, environment, cwd and cores); the log
+        is appended to. The caller stops what is left of the old one first."""
+        if self.popen is None:
+            raise RuntimeError(f"{self.name} was never started")
+        self.start(self._env, self._cwd)
 
     def failure(self, why: str) -> LaunchError:
         return LaunchError(

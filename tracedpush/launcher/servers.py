@@ -41,6 +41,7 @@ class EngineSpec:
     port: int  # OpenAI HTTP port
     side_channel_port: int  # NIXL handshake (ZMQ) port
     cpus: str  # VLLM_CPU_OMP_THREADS_BIND value, e.g. "0"; also the whole tree's affinity
+    generation: int = 0  # restarts under a new engine id (see Deployment.respawn)
 
     @property
     def name(self) -> str:
@@ -48,7 +49,8 @@ class EngineSpec:
 
     @property
     def engine_id(self) -> str:
-        return f"{self.role}-engine-{self.index + 1:03d}"
+        base = f"{self.role}-engine-{self.index + 1:03d}"
+        return f"{base}-r{self.generation}" if self.generation else base
 
     @property
     def url(self) -> str:

@@ -109,6 +109,12 @@ class ProxyState:
 
 STATE = web.AppKey("tracedpush_proxy", ProxyState)
 
+# Idle connections to engines are dropped before the engine drops them: vLLM's API server
+# (uvicorn) closes a keep-alive connection after VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s). With
+# aiohttp's default (15 s) the proxy could send a leg on a connection the engine was
+# closing at that moment, and the leg failed with "Server disconnected" (seen under load).
+UPSTREAM_KEEPALIVE_S = 2.0
+
 
 class ClientGone(Exception):
     """Writing to the client failed: it disconnected."""
@@ -596,7 +602,7 @@ async def _lifecycle(app: web.Application) -> Any:
     state = app[STATE]
     config = state.config
     session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0),
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S),
         timeout=aiohttp.ClientTimeout(total=None),
         trace_configs=[send_clock_trace()],
     )
