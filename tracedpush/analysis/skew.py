@@ -177,7 +177,7 @@ def estimate(
     nodes = sorted(set(dom.values()) | {reference})
     d0 = _shortest(nodes, edges.w)  # what the pairs alone allow, for the report
     pairs_only = {x: (-d0[x][reference], d0[reference][x]) for x in nodes}
-    w, tied = _tie_hosts(nodes, dict(edges.w), host, reference)
+    w, tied, d = _tie_hosts(nodes, dict(edges.w), d0, host, reference)
     out: dict[str, ClockOffset] = {
         reference: ClockOffset(
             reference,
@@ -191,7 +191,6 @@ def estimate(
             host_clock=reference in tied,
         )
     }
-    d = _shortest(nodes, w)
     consistent_graph = all(d[x][x] >= 0 for x in nodes)
     todo = [x for x in nodes if x != reference]
     evidence: dict[str, tuple[float, float]] = {}  # what the pairs alone allow
@@ -237,26 +236,43 @@ def estimate(
 
 
 def _tie_hosts(
-    nodes: list[str], w: dict[tuple[str, str], float], host: Mapping[str, str], reference: str
-) -> tuple[dict[tuple[str, str], float], set[str]]:
-    """`w` with same-host domains tied to one offset where the pairs agree, and the
-    tied domains. Each host's first domain (its reference, if there) anchors the
-    others; one whose pairs contradict the anchor's clock stays untied."""
+    nodes: list[str],
+    w: dict[tuple[str, str], float],
+    d: dict[str, dict[str, float]],
+    host: Mapping[str, str],
+    reference: str,
+) -> tuple[dict[tuple[str, str], float], set[str], dict[str, dict[str, float]]]:
+    """`w` with same-host domains tied to one offset where the pairs agree, the tied
+    domains, and the shortest paths `d` (those of `w` on entry) updated to match. Each
+    host's first domain (its reference, if there) anchors the others; one whose pairs
+    contradict the anchor's clock stays untied.
+
+    Tying x to its anchor adds two zero-weight edges; on a consistent graph that makes a
+    negative cycle exactly when a shortest path between them is already negative, and
+    the paths through the new edges update `d` in O(n^2), not a fresh Floyd-Warshall."""
+    tied: set[str] = set()
+    if any(d[k][k] < 0 for k in nodes):
+        return w, tied, d  # contradictory pairs: no tie could be consistent
+    d = {a: dict(row) for a, row in d.items()}
     groups: dict[str, list[str]] = {}
     for x in sorted(nodes, key=lambda n: (n != reference, n)):
         if host.get(x):
             groups.setdefault(host[x], []).append(x)
-    tied: set[str] = set()
     for anchor, *others in groups.values():
         for x in others:
-            trial = dict(w)
-            trial[(anchor, x)] = min(trial.get((anchor, x), INF), 0.0)
-            trial[(x, anchor)] = min(trial.get((x, anchor), INF), 0.0)
-            d = _shortest(nodes, trial)
-            if all(d[k][k] >= 0 for k in nodes):
-                w = trial
-                tied.update((anchor, x))
-    return w, tied
+            if d[anchor][x] < 0 or d[x][anchor] < 0:
+                continue
+            w[(anchor, x)] = min(w.get((anchor, x), INF), 0.0)
+            w[(x, anchor)] = min(w.get((x, anchor), INF), 0.0)
+            to_a = {i: d[i][anchor] for i in nodes}
+            to_x = {i: d[i][x] for i in nodes}
+            from_a, from_x = dict(d[anchor]), dict(d[x])
+            for i in nodes:
+                row = d[i]
+                for j in nodes:
+                    row[j] = min(row[j], to_a[i] + from_x[j], to_x[i] + from_a[j])
+            tied.update((anchor, x))
+    return w, tied, d
 
 
 def _choose(lo: float, hi: float, policy: str) -> float:
