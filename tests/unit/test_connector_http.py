@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import socket
 import threading
 import time
@@ -20,6 +21,7 @@ from fastapi.testclient import TestClient
 
 from tracedpush import semconv
 from tracedpush.connector import http as http_connector
+from tracedpush.connector import receive_clock
 from tracedpush.connector.http import ReceiptMiddleware, mark_received
 
 KEY = semconv.KV_PARAMS_TRACE_KEY
@@ -151,3 +153,77 @@ def test_received_is_when_the_loop_read_the_bytes_not_when_the_app_ran(http_impl
         http_connector.uninstall_read_clock()
     assert 0.0 <= after_read < 40.0, after_read
     assert after_call >= 50.0, after_call  # the fallback: when the app was called
+
+
+@contextlib.contextmanager
+def _stamping_server(loop: str):
+    """Real uvicorn on `loop`, with the receive clock on: /echo returns the request's
+    scope stamps, /block holds the event loop 100 ms (another request's long work)."""
+    app = FastAPI()
+
+    @app.post("/echo")
+    async def echo(request: Request) -> dict:
+        return {k: request.scope.get(k) for k in (receive_clock.SCOPE_KEY, KERNEL)}
+
+    @app.post("/block")
+    async def block() -> dict:
+        time.sleep(0.1)
+        return {}
+
+    http_connector.install_read_clock()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, loop=loop, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        http_connector.uninstall_read_clock()
+
+
+KERNEL = receive_clock.KERNEL_SCOPE_KEY
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_kernel_stamp_excludes_the_wait_for_the_event_loop(loop: str):
+    """The bytes arrive while the server's loop is busy for 100 ms: the kernel's stamp is
+    the arrival (transport only), the read clock is when the loop got round to it."""
+    with _stamping_server(loop) as port:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("POST", "/echo", b"{}")  # a kept-alive connection, as the proxy's
+        conn.getresponse().read()
+        blocker = threading.Thread(
+            target=lambda: http.client.HTTPConnection("127.0.0.1", port, timeout=10).request(
+                "POST", "/block", b"{}"
+            )
+        )
+        blocker.start()
+        time.sleep(0.03)  # the loop is inside /block now
+        sent = time.time_ns()
+        conn.request("POST", "/echo", b"{}")
+        got = json.loads(conn.getresponse().read())
+        blocker.join()
+        conn.close()
+    kernel_ms = (got[KERNEL] - sent) / 1e6
+    read_ms = (got[receive_clock.SCOPE_KEY] - sent) / 1e6
+    assert 0.0 <= kernel_ms < 10.0, got
+    assert read_ms >= 50.0, got  # what the read clock alone would have called network
+
+
+def test_connections_leave_no_descriptors_behind():
+    before = len(os.listdir("/proc/self/fd"))
+    with _stamping_server("uvloop") as port:
+        for _ in range(20):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("POST", "/echo", b"{}")
+            conn.getresponse().read()
+            conn.close()
+        time.sleep(0.2)
+    assert len(os.listdir("/proc/self/fd")) <= before + 2

@@ -20,7 +20,7 @@ from typing import Final
 from tracedpush import semconv as sc
 
 # every leg (P's, D's)
-NETWORK: Final = "network"  # the leg's bytes leave the proxy -> the engine's loop reads them
+NETWORK: Final = "network"  # the leg's bytes leave the proxy -> the engine's kernel has them
 API_SERVER: Final = "api server"  # http_received -> scheduler_received
 QUEUE_WAIT: Final = "queue wait"  # scheduler_received -> compute_started / blocks_allocated
 PREFILL_COMPUTE: Final = "prefill compute"  # P: compute_started -> prefill finished
@@ -75,10 +75,10 @@ PHASES: Final = (
 REMOVED: Final = ("prefill", "decode admission", "rendezvous wait")
 
 DESCRIPTIONS: Final = {
-    NETWORK: "transport: a leg's bytes leave the proxy -> the engine's HTTP server reads "
-    "them (proxy.prefill / proxy.decode request_sent -> http_received)",
-    API_SERVER: "the engine's API server: HTTP parsing, tokenization, IPC to the engine "
-    "core (http_received -> scheduler_received)",
+    NETWORK: "transport: a leg's bytes leave the proxy -> they are in the engine host's "
+    "socket (proxy.prefill / proxy.decode request_sent -> http_received)",
+    API_SERVER: "the engine's API server: waiting for its loop and core, HTTP parsing, "
+    "tokenization, IPC to the engine core (http_received -> scheduler_received)",
     QUEUE_WAIT: "the scheduler's waiting queue (scheduler_received -> compute_started on P, "
     "-> blocks_allocated on D; vLLM's request_queue_time on P)",
     PREFILL_COMPUTE: "P: first scheduled -> prefill finished, chunked steps included "

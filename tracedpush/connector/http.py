@@ -14,26 +14,28 @@ span gets an ``http_received`` event. The body is never parsed: one regex search
 its bytes finds the dict, so the cost is microseconds on the API server's event loop and
 nothing on the engine. Any other request passes through untouched.
 
-*When* the HTTP server had it: uvicorn hands a request to the app in a task of its own,
-which runs after whatever else the event loop has ready (other requests' tokenization,
-streaming). That wait is the API server's, not the network's. So the middleware, when
-built, wraps uvicorn's HTTP protocols' ``data_received`` to stamp the moment the loop
-read the request's first bytes into the ASGI scope (`SCOPE_KEY`), and uses that; under
-another server it falls back to the moment the app is called. The wrapping happens when
-this module is imported, which vLLM's ``--middleware`` does while building its app, before
-it serves (Starlette builds middleware instances only at the first request, too late for
-that request). `uninstall_read_clock` undoes it.
+*When* the HTTP server had it: not when the app runs (uvicorn runs it in a task of its
+own, after whatever else the loop has ready), but when the request's bytes arrived, as
+`receive_clock` tells: the kernel's receive stamp, else the moment the loop read them.
+Its wrapping of uvicorn's protocols happens when this module is imported, which vLLM's
+``--middleware`` does while building its app, before it serves.
 """
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from time import time_ns
 from typing import Any
 
 from tracedpush import semconv
+from tracedpush.connector.receive_clock import (
+    install_read_clock,
+    received_ns,
+    uninstall_read_clock,
+)
+
+__all__ = ["ReceiptMiddleware", "install_read_clock", "mark_received", "uninstall_read_clock"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -43,48 +45,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _MARKER = re.compile(rb'"' + semconv.KV_PARAMS_TRACE_KEY.encode() + rb'"\s*:\s*\{')
 _MAX_BODY = 64 << 20  # larger bodies are passed through unmarked rather than buffered
-
-SCOPE_KEY = "tracedpush.http_read_ns"  # scope key: the loop read the request's first bytes
-_PROTOCOLS = (  # uvicorn's HTTP/1.1 protocols (`--http auto` picks httptools)
-    ("uvicorn.protocols.http.httptools_impl", "HttpToolsProtocol"),
-    ("uvicorn.protocols.http.h11_impl", "H11Protocol"),
-)
-_WRAPPED: dict[type, Callable[..., None]] = {}  # protocol class -> its own data_received
-
-
-def _read_clock(data_received: Callable[[Any, bytes], None]) -> Callable[[Any, bytes], None]:
-    def data_received_stamped(self: Any, data: bytes) -> None:
-        t = time_ns()
-        data_received(self, data)
-        # a request begun by these bytes has a fresh scope without our key (a body's
-        # later chunks find it already there)
-        scope = getattr(self, "scope", None)
-        if type(scope) is dict and SCOPE_KEY not in scope:
-            scope[SCOPE_KEY] = t
-
-    return data_received_stamped
-
-
-def install_read_clock() -> list[str]:
-    """Wrap uvicorn's HTTP protocols (idempotent); returns the classes wrapped now."""
-    done = []
-    for module, name in _PROTOCOLS:
-        try:
-            cls = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError):  # that parser is not installed
-            continue
-        if cls in _WRAPPED or not callable(getattr(cls, "data_received", None)):
-            continue
-        _WRAPPED[cls] = cls.data_received
-        cls.data_received = _read_clock(cls.data_received)
-        done.append(f"{module}.{name}")
-    return done
-
-
-def uninstall_read_clock() -> None:
-    for cls, original in _WRAPPED.items():
-        cls.data_received = original
-    _WRAPPED.clear()
 
 
 def mark_received(body: bytes, received_ns: int) -> bytes:
@@ -109,7 +69,6 @@ class ReceiptMiddleware:
         if scope.get("type") != "http" or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
-        received_ns = scope.get(SCOPE_KEY) or time_ns()
         chunks: list[bytes] = []
         size = 0
         more = True
@@ -126,8 +85,8 @@ class ReceiptMiddleware:
             if size > _MAX_BODY:
                 break
         body = b"".join(chunks)
-        if not more and first is None:
-            body = mark_received(body, received_ns)
+        if not more and first is None:  # stamped after the whole body is in
+            body = mark_received(body, received_ns(scope) or time_ns())
         replay: list[Message] = [{"type": "http.request", "body": body, "more_body": more}]
         if first is not None:
             replay = [{"type": "http.request", "body": body, "more_body": False}, first]
