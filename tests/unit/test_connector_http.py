@@ -100,20 +100,11 @@ class _BusyLoop:
 
 
 @contextlib.contextmanager
-def _real_server(http: str):
+def _serve(app: FastAPI, **config: str):
     """A real uvicorn server (the one vLLM's API server runs) on a free port, in a thread."""
-    app = FastAPI()
-
-    @app.post("/v1/completions")
-    async def echo(request: Request) -> dict:
-        return {"body": await request.json()}
-
-    app.add_middleware(ReceiptMiddleware)
-    app.add_middleware(_BusyLoop)  # added last: outermost, runs before ours
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, http=http, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", **config))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -125,6 +116,21 @@ def _real_server(http: str):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@contextlib.contextmanager
+def _real_server(http: str):
+    """/v1/completions behind our middleware, with the loop held before the app runs."""
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def echo(request: Request) -> dict:
+        return {"body": await request.json()}
+
+    app.add_middleware(ReceiptMiddleware)
+    app.add_middleware(_BusyLoop)  # added last: outermost, runs before ours
+    with _serve(app, http=http) as port:
+        yield port
 
 
 def _received_after_send_ms(port: int) -> float:
@@ -171,20 +177,10 @@ def _stamping_server(loop: str):
         return {}
 
     http_connector.install_read_clock()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, loop=loop, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
     try:
-        yield sock.getsockname()[1]
+        with _serve(app, loop=loop) as port:
+            yield port
     finally:
-        server.should_exit = True
-        thread.join(10)
         http_connector.uninstall_read_clock()
 
 
