@@ -58,6 +58,7 @@ SPAN_KV_NOTIFY: Final = "kv.notify"  # first -> last expected completion notific
 # per-process step traces (one trace per engine process, not per request)
 SPAN_ENGINE_STEPS: Final = "engine.steps"  # a batch of engine steps (parallel arrays)
 SPAN_ENGINE_THREADS: Final = "engine.threads"  # one OS sample of the process's threads
+SPAN_ENGINE_EXPORT: Final = "engine.export"  # the process's export and drop counters
 
 PROXY_SPANS: Final = (SPAN_REQUEST, SPAN_PROXY_PREFILL, SPAN_PROXY_DECODE, SPAN_KV_RELAY)
 ENGINE_SPANS: Final = (SPAN_PREFILL, SPAN_DECODE)
@@ -70,7 +71,7 @@ KV_SPANS: Final = (
     SPAN_KV_READ,
     SPAN_KV_NOTIFY,
 )
-PROCESS_SPANS: Final = (SPAN_ENGINE_STEPS, SPAN_ENGINE_THREADS)
+PROCESS_SPANS: Final = (SPAN_ENGINE_STEPS, SPAN_ENGINE_THREADS, SPAN_ENGINE_EXPORT)
 ALL_SPANS: Final = PROXY_SPANS + ENGINE_SPANS + KV_SPANS + PROCESS_SPANS
 
 # Spans every complete request has, per mode (kv.handshake only when one happens).
@@ -175,6 +176,30 @@ THREAD_ROLES: Final = (
     "api_server",  # the API server's event loop
     "other",
 )
+
+# engine.export: parallel arrays, one element per exporter of the process. Counts are
+# cumulative since the process started (a record dropped by a full store is made up
+# for by the next one that lands).
+EXPORT_EXPORTER: Final = "tracedpush.export.exporter"  # str[]: "jsonl" | "otlp" | "console"
+EXPORT_EXPORTED: Final = "tracedpush.export.exported"  # int[]: spans delivered
+EXPORT_QUEUED: Final = "tracedpush.export.queued"  # int[]: spans waiting in its queue
+EXPORT_FAILING: Final = "tracedpush.export.failing"  # bool[]: its last attempt failed
+EXPORT_DROPPED_QUEUE_FULL: Final = "tracedpush.export.dropped.queue_full"  # int[]
+EXPORT_DROPPED_EXPORT_FAILED: Final = "tracedpush.export.dropped.export_failed"  # int[]
+EXPORT_DROPPED_STORE_FULL: Final = "tracedpush.export.dropped.store_full"  # int[]
+# (one int) events the builder discarded because it fell too far behind
+EVENTS_DROPPED: Final = "tracedpush.events.dropped"
+# Why spans were dropped: the reasons counted per exporter (also the `reason` of
+# SpanSink.stats() and of /metrics), each with its engine.export key.
+DROP_QUEUE_FULL: Final = "queue_full"  # the exporter's bounded queue was full
+DROP_EXPORT_FAILED: Final = "export_failed"  # the exporter failed or timed out on the batch
+DROP_STORE_FULL: Final = "store_full"  # the traces directory had no room (ENOSPC/EDQUOT/EFBIG)
+DROP_REASONS: Final = (DROP_QUEUE_FULL, DROP_EXPORT_FAILED, DROP_STORE_FULL)
+EXPORT_DROPPED: Final = {
+    DROP_QUEUE_FULL: EXPORT_DROPPED_QUEUE_FULL,
+    DROP_EXPORT_FAILED: EXPORT_DROPPED_EXPORT_FAILED,
+    DROP_STORE_FULL: EXPORT_DROPPED_STORE_FULL,
+}
 
 # proxy-side
 UPSTREAM_URL: Final = "tracedpush.upstream"  # base URL of the engine a leg went to

@@ -43,8 +43,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 class Up:
     """`tracedpush up` in a subprocess, its output collected by a thread."""
 
-    def __init__(self, mode: str, run_dir: Path) -> None:
+    def __init__(self, mode: str, run_dir: Path, *extra: str) -> None:
         argv = [sys.executable, "-m", "tracedpush", "up", "--mode", mode, "--run-dir", str(run_dir)]
+        argv += extra
         for flag, port in {**PORTS, **SIDE}.items():
             argv += [flag, str(port)]
         env = {**os.environ, **lock_delegation_env()}  # the session holds the engines lock
@@ -77,6 +78,13 @@ class Up:
         assert found, self.output
         return int(found[-1])
 
+    def stop_clean(self, *more_ports: int) -> None:
+        """Stop, and check `up` left no process and no bound port behind."""
+        rest = self.stop()
+        assert "no process left, ports free" in rest, rest[-3000:]
+        assert [pid for pid in self.seen if alive(pid)] == []
+        assert busy_ports([*PORTS.values(), *SIDE.values(), *more_ports]) == []
+
     def stop(self) -> str:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
@@ -93,9 +101,15 @@ def _model() -> str:
         return json.loads(r.read())["data"][0]["id"]
 
 
-def _stream(model: str, request_id: str, max_tokens: int, first: threading.Event | None) -> dict:
+def _stream(
+    model: str,
+    request_id: str,
+    max_tokens: int,
+    first: threading.Event | None,
+    prompt: str = "the handoff under fire " * 40,
+) -> dict:
     """One streamed completion; what the client saw: status, tokens, an error's text."""
-    body = {"model": model, "prompt": "the handoff under fire " * 40, "max_tokens": max_tokens}
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
     body |= {"stream": True, "ignore_eos": True}
     req = urllib.request.Request(
         f"{PROXY}/v1/completions",
@@ -125,6 +139,20 @@ def _stream(model: str, request_id: str, max_tokens: int, first: threading.Event
     out["ended"] = time.monotonic()
     out["seconds"] = out["ended"] - t0
     return out
+
+
+def _traced_errors(traces: Path, ids: set[str]) -> dict[str, Any]:
+    """The analysed requests `ids` once each one's trace has landed and ends in an error."""
+    store = TraceStore.from_path(traces)
+    deadline = time.monotonic() + 60
+    while True:
+        run = analyze(store, spans=False)
+        got = {r.request_id: r for r in run.requests if r.request_id in ids}
+        if len(got) == len(ids) and all(r.error for r in got.values()):
+            return got
+        assert time.monotonic() < deadline, {i: got.get(i) and got[i].error for i in ids}
+        time.sleep(1)
+        store.refresh()
 
 
 @pytest.mark.parametrize("mode", ["push", "pull"])
@@ -184,17 +212,7 @@ def test_killing_decode_under_load_leaves_prefill_serving(mode: str, tmp_path: P
         assert not bad, bad
 
         # each failed request's trace says where it failed
-        ids = {r["id"] for r in failed}
-        store = TraceStore.from_path(tmp_path / "traces")
-        deadline = time.monotonic() + 60
-        while True:
-            run = analyze(store, spans=False)
-            got = {r.request_id: r for r in run.requests if r.request_id in ids}
-            if len(got) == len(ids) and all(r.error for r in got.values()):
-                break
-            assert time.monotonic() < deadline, {i: got.get(i) and got[i].error for i in ids}
-            time.sleep(1)
-            store.refresh()
+        got = _traced_errors(tmp_path / "traces", {r["id"] for r in failed})
         print(
             f"\n{mode}: {len(failed)}/{IN_FLIGHT} failed, answered "
             f"{max(r['ended'] - killed_at for r in results):.1f} s after the kill at most; "
@@ -202,7 +220,90 @@ def test_killing_decode_under_load_leaves_prefill_serving(mode: str, tmp_path: P
             f"errors: {sorted({r.error for r in got.values()})}"
         )
     finally:
-        rest = up.stop()
-    assert "no process left, ports free" in rest, rest[-3000:]
-    assert [pid for pid in up.seen if alive(pid)] == []
-    assert busy_ports([*PORTS.values(), *SIDE.values()]) == []
+        up.stop_clean()
+
+
+LONG_PROMPT = "the handoff under fire " * 150  # ~1,350 tokens: P's prefill takes a while
+DECODE = "http://127.0.0.1:18600"
+
+
+@pytest.mark.parametrize("mode", ["push", "pull"])
+def test_killing_a_prefill_mid_transfer_leaves_the_other_serving(mode: str, tmp_path: Path):
+    """2P1D under a closed loop of 8 clients with long prompts; one P is SIGKILLed.
+
+    Push: D has registered blocks for the requests P was prefilling, and no WRITE will
+    come. vLLM alone kept them for good; D's producer watch fails those receives once
+    P's side channel refuses connections, and D frees the blocks. Pull: D's READs from
+    the dead P fail. Either way every client is answered, the failures name the prefill
+    leg (or come back whole, recomputed by D), and the other P serves the next requests.
+    """
+    up = Up(mode, tmp_path, "--num-prefill", "2", "--on-exit", "keep")
+    try:
+        up.wait_for("Press Ctrl-C", 600)
+        model = _model()
+        prefix = f"pkill-{mode}-{uuid.uuid4().hex[:6]}"
+        stop = threading.Event()
+        results: list[dict] = []
+
+        def client(w: int) -> None:
+            i = 0
+            while not stop.is_set():
+                results.append(_stream(model, f"{prefix}-{w}-{i}", 16, None, LONG_PROMPT))
+                i += 1
+
+        with ThreadPoolExecutor(IN_FLIGHT) as pool:
+            for w in range(IN_FLIGHT):
+                pool.submit(client, w)
+            deadline = time.monotonic() + 120
+            while len(results) < IN_FLIGHT:  # both Ps are busy
+                assert time.monotonic() < deadline, results
+                time.sleep(0.2)
+            os.killpg(up.pid_of("prefill"), signal.SIGKILL)
+            killed_at = time.monotonic()
+            held = metric_sum(DECODE, "vllm:kv_cache_usage_perc")
+            stop.set()  # each client ends with the request it has in flight
+        cut = [r for r in results if r["ended"] >= killed_at]
+        last_end = max(r["ended"] for r in cut)
+
+        # every failure reached its client within 30 s of the kill: a 502 naming the
+        # prefill leg, or, where P had answered but died before its WRITE (push) or
+        # during D's READ (pull), D's own error before any token, once D gave up on the
+        # KV (vLLM's kv_load_failure_policy "fail"); everyone else got every token
+        failed = [r for r in cut if r["error"] or r["status"] != 200]
+        assert failed, "killing P failed no request: it was not under load"
+        for r in failed:
+            assert r["ended"] - killed_at <= ANSWER_WITHIN_S, r
+            named_prefill = r["status"] == 502 and "prefill leg" in (r["error"] or "")
+            decode_gave_up = r["status"] == 200 and r["tokens"] == 0
+            assert named_prefill or decode_gave_up, r
+        assert all(r["tokens"] == 16 for r in cut if r not in failed), cut
+
+        # D frees every block once the last client is answered: nothing waits for a WRITE
+        # or READ that will never come (push: vLLM alone held them for good)
+        deadline = killed_at + 60
+        while (usage := metric_sum(DECODE, "vllm:kv_cache_usage_perc")) > 0:
+            assert time.monotonic() < deadline, f"D still holds KV blocks: usage {usage}"
+            time.sleep(0.5)
+        freed_s = max(0.0, time.monotonic() - last_end)
+
+        # the surviving P serves the next requests, and the proxy knows the dead one
+        with ThreadPoolExecutor(4) as pool:
+            after = list(
+                pool.map(lambda i: _stream(model, f"{prefix}-after-{i}", 8, None), range(16))
+            )
+        bad = [r for r in after if r["status"] != 200 or r["error"] or r["tokens"] != 8]
+        assert not bad, bad
+        assert http_ok("http://127.0.0.1:18501/health", timeout=10)
+        got = _traced_errors(tmp_path / "traces", {r["id"] for r in failed})
+        if mode == "push":  # D had registered blocks with the dead P, and let them go
+            assert "refuses connections" in (tmp_path / "decode.log").read_text()
+        print(
+            f"\n{mode}: {len(failed)}/{len(cut)} requests failed, answered "
+            f"{max(r['ended'] - killed_at for r in failed):.1f} s after the kill at most "
+            f"({sum('prefill leg' in (r['error'] or '') for r in failed)} naming the prefill "
+            f"leg); D's KV usage {held:.3f} at "
+            f"the kill, all freed {freed_s:.1f} s after the last answer; errors: "
+            f"{sorted({r.error for r in got.values()})}"
+        )
+    finally:
+        up.stop_clean(18501, 15801)  # the second P's HTTP and side-channel ports

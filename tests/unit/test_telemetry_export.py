@@ -1,10 +1,19 @@
-"""Export: OTLP JSON lines files, real OTLP receivers (gRPC and HTTP), and drop policy."""
+"""Export: OTLP JSON lines files, real OTLP receivers (gRPC and HTTP), and drop policy,
+including the faults of issue 11: a trace store that fills up (a real 1 MiB tmpfs) and
+an OTLP endpoint that accepts connections and never answers."""
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
+import socket
+import subprocess
+import sys
 import threading
+import time
+from collections.abc import Callable
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -18,6 +27,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
+from tracedpush import semconv
+from tracedpush.telemetry.builder import BuilderConfig
 from tracedpush.telemetry.export import (
     ExportWorker,
     SpanSink,
@@ -25,6 +36,7 @@ from tracedpush.telemetry.export import (
     build_tracer_provider,
 )
 from tracedpush.telemetry.jsonl import JsonLinesSpanExporter
+from tracedpush.telemetry.pipeline import Pipeline
 from tracedpush.testing.net import free_port
 
 RESOURCE = Resource.create({"service.name": "vllm-decode", "host.name": "h1"})
@@ -259,3 +271,362 @@ def test_unknown_exporter_names_are_rejected(otel_env):
     otel_env.setenv("OTEL_TRACES_EXPORTER", "zipkin")
     with pytest.raises(ValueError, match="zipkin"):
         build_exporters(None, "x")
+
+
+# ------------------------------------------------------------------ faults (issue 11)
+def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def export_log(caplog, text: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "tracedpush.export" and text in r.getMessage()
+    ]
+
+
+def spans_in(path) -> list[dict]:
+    """Every span of a JSON lines file; fails if any line is not whole JSON."""
+    raw = path.read_bytes()
+    assert not raw or raw.endswith(b"\n"), "torn last line"
+    out = []
+    for line in raw.split(b"\n")[:-1]:
+        doc = json.loads(line)
+        out += [s for r in doc["resourceSpans"] for sc in r["scopeSpans"] for s in sc["spans"]]
+    return out
+
+
+@pytest.fixture
+def tiny_store(tmp_path):
+    """A real 1 MiB tmpfs: a traces directory that fills up."""
+    mnt = tmp_path / "store"
+    mnt.mkdir()
+    try:
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except FileNotFoundError:
+        pytest.skip("no mount command: cannot make a 1 MiB tmpfs to fill")
+    if r.returncode != 0:
+        pytest.skip(f"mounting a 1 MiB tmpfs is not permitted here (root needed): {r.stderr}")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_full_trace_store_drops_counts_logs_once_never_tears_and_resumes(tiny_store, caplog):
+    caplog.set_level(logging.WARNING, logger="tracedpush.export")
+    filler = tiny_store / "filler"
+    filler.write_bytes(b"\0" * 700_000)
+    exporter = JsonLinesSpanExporter(tiny_store / "traces", "vllm-decode-worker0")
+    worker = ExportWorker("jsonl", exporter)
+    sink = SpanSink([worker])
+    batch = [span(i) for i in range(50)]
+    emitted = 0
+    try:
+        while worker.drops[semconv.DROP_STORE_FULL] == 0:
+            assert emitted < 400 * len(batch), "the 1 MiB store never filled"
+            sink.emit(batch)  # never raises, even as the disk fills
+            emitted += len(batch)
+            assert sink.flush(5)
+        for _ in range(10):  # more batches while full: each tried, counted, not logged again
+            sink.emit(batch)
+            emitted += len(batch)
+            assert sink.flush(5)
+        assert worker.failing
+        assert worker.drops[semconv.DROP_STORE_FULL] >= 11 * len(batch)
+        # a short write happened on the full disk and was cut back: no torn line
+        assert exporter.torn_lines_cut >= 1
+        assert len(spans_in(exporter.path)) == worker.exported
+        (failing,) = export_log(caplog, "dropping spans")
+        assert str(exporter.path) in failing and "ENOSPC" in failing
+        assert semconv.DROP_STORE_FULL in failing
+        assert not export_log(caplog, "resumed")
+
+        filler.unlink()  # space returns: the next batch lands, no restart
+        sink.emit([span(900, name="after.space.returned")])
+        emitted += 1
+        assert sink.flush(5)
+        assert not worker.failing
+        (resumed,) = export_log(caplog, "export resumed")
+        assert str(exporter.path) in resumed
+        assert f"{worker.dropped} spans lost meanwhile (store_full {worker.dropped})" in resumed
+        assert len(export_log(caplog, "dropping spans")) == 1
+        written = spans_in(exporter.path)
+        assert written[-1]["name"] == "after.space.returned"
+        assert len(written) == worker.exported
+        assert worker.exported + worker.dropped == emitted
+        stats = sink.stats()["jsonl"]
+        assert stats["dropped_by_reason"] == {
+            semconv.DROP_QUEUE_FULL: 0,
+            semconv.DROP_EXPORT_FAILED: 0,
+            semconv.DROP_STORE_FULL: worker.dropped,
+        }
+        assert stats["exported"] == worker.exported and stats["failing"] is False
+    finally:
+        sink.shutdown()
+
+
+def test_a_file_size_limit_moves_on_to_a_new_part(tmp_path):
+    """EFBIG (RLIMIT_FSIZE) drops the batch once, then writing goes on in a new file."""
+    code = (
+        "import json, resource, sys\n"
+        "sys.path.insert(0, sys.argv[2])\n"
+        "from test_telemetry_export import span\n"
+        "from tracedpush.telemetry.jsonl import JsonLinesSpanExporter\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, resource.RLIM_INFINITY))\n"
+        "e = JsonLinesSpanExporter(sys.argv[1], 'x')\n"
+        "batch = [span(i) for i in range(20)]\n"
+        "results = [e.write(batch) for _ in range(12)]\n"
+        "print(json.dumps([(r.written, r.dropped, r.error and r.error.errno) for r in results]))\n"
+    )
+    here = os.path.dirname(__file__)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path), here],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    results = [tuple(r) for r in json.loads(out)]
+    failed = [i for i, r in enumerate(results) if r[1]]
+    assert failed and all(results[i] == (0, 20, errno.EFBIG) for i in failed)
+    # the batch after a failure lands, in the next part
+    assert all(results[i + 1] == (20, 0, None) for i in failed if i + 1 < len(results))
+    files = sorted(tmp_path.glob("*.jsonl"))
+    assert len(files) >= 2
+    assert sum(len(spans_in(f)) for f in files) == sum(r[0] for r in results)
+
+
+class HangingEndpoint:
+    """Accepts TCP connections and never reads or answers: a hung OTLP collector."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.sock.settimeout(0.05)
+        self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.conns.append(conn)
+
+    def close(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+
+
+class OtlpHttpReceiver:
+    """A real OTLP/HTTP receiver: POST /v1/traces, protobuf, spans decoded and counted."""
+
+    def __init__(self, port: int) -> None:
+        self.names: list[str] = []
+        names = self.names
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                req = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
+                if self.path == "/v1/traces":
+                    names.extend(
+                        s.name for r in req.resource_spans for sc in r.scope_spans for s in sc.spans
+                    )
+                self.send_response(200 if self.path == "/v1/traces" else 404)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.end_headers()
+                self.wfile.write(trace_service_pb2.ExportTraceServiceResponse().SerializeToString())
+
+            def log_message(self, *args):
+                pass
+
+        self.server = HTTPServer(("127.0.0.1", port), Handler)  # SO_REUSEADDR: same port
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_hanging_otlp_endpoint_never_blocks_emit_times_out_and_recovers(otel_env, caplog):
+    caplog.set_level(logging.WARNING, logger="tracedpush.export")
+    hang = HangingEndpoint()
+    otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{hang.port}")
+    otel_env.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "1")  # seconds, as the SDK reads it
+    (worker,) = workers = build_exporters(None, "x")
+    sink = SpanSink(workers)
+    receiver: OtlpHttpReceiver | None = None
+    batch = [span(i) for i in range(100)]
+    emitted, durations = 0, []
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 2.5:  # the caller keeps emitting while it hangs
+            start = time.perf_counter()
+            sink.emit(batch)
+            durations.append(time.perf_counter() - start)
+            emitted += len(batch)
+            time.sleep(0.002)
+        # every attempt ends at the 1 s timeout: two failed batches in well under the
+        # SDK's 10 s default (let alone 6 retries of it)
+        wait_for(lambda: worker.failed_batches >= 2, 3.0, "two timed-out batches")
+        assert time.monotonic() - t0 < 6.0
+        worst = max(durations)
+        print(f"\nemit() during the hang: {len(durations)} calls, max {worst * 1e3:.2f} ms")
+        assert worst < 0.02, f"emit() took {worst * 1e3:.1f} ms during the hang"
+        assert worker.failing
+        assert worker.drops[semconv.DROP_QUEUE_FULL] > 0
+        assert worker.drops[semconv.DROP_EXPORT_FAILED] >= 2 * len(batch)  # 2+ batches
+        assert worker.drops[semconv.DROP_STORE_FULL] == 0
+        (failing,) = export_log(caplog, "dropping spans")
+        assert f"127.0.0.1:{hang.port}" in failing and "export_failed" in failing
+
+        hang.close()  # the collector comes back, on the same port
+        receiver = OtlpHttpReceiver(hang.port)
+        got = receiver.names
+        # no restart: the next batch gets through, then the backlog drains
+        wait_for(lambda: not worker.failing, 10, "export to resume")
+        wait_for(lambda: sink.stats()["otlp"]["queued"] == 0, 30, "the backlog to drain")
+        sink.emit([span(999, name="after.recovery")])
+        emitted += 1
+        wait_for(lambda: "after.recovery" in got, 10, "a span emitted after recovery")
+        assert sink.flush(5)
+        assert not worker.failing
+        (resumed,) = export_log(caplog, "export resumed")
+        assert f"{worker.dropped} spans lost meanwhile" in resumed
+        assert len(export_log(caplog, "dropping spans")) == 1
+        assert len(got) == worker.exported  # every span counted exported really arrived
+        assert worker.exported + worker.dropped == emitted
+    finally:
+        sink.shutdown(timeout_s=1)
+        hang.close()
+        if receiver is not None:
+            receiver.close()
+
+
+def test_a_hanging_grpc_endpoint_times_out_and_recovers(otel_env, caplog):
+    caplog.set_level(logging.WARNING, logger="tracedpush.export")
+    hang = HangingEndpoint()
+    otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{hang.port}")
+    otel_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    otel_env.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "1")
+    (worker,) = workers = build_exporters(None, "x")
+    sink = SpanSink(workers)
+    server = None
+    try:
+        t0 = time.monotonic()
+        for _ in range(3):
+            sink.emit([span(i) for i in range(600)])
+        wait_for(lambda: worker.failed_batches >= 2, 5.0, "two timed-out batches")
+        assert time.monotonic() - t0 < 6.0
+        assert worker.drops[semconv.DROP_EXPORT_FAILED] >= 2 * 512
+        hang.close()
+        receiver = GrpcReceiver()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
+        server.add_insecure_port(f"127.0.0.1:{hang.port}")
+        server.start()
+        sink.emit([span(999, name="after.recovery")])
+
+        def arrived() -> bool:
+            names = [
+                s.name
+                for req in receiver.requests
+                for r in req.resource_spans
+                for sc in r.scope_spans
+                for s in sc.spans
+            ]
+            return "after.recovery" in names
+
+        wait_for(arrived, 30, "a span emitted after recovery")
+        assert sink.flush(5) and not worker.failing
+        assert len(export_log(caplog, "dropping spans")) == 1
+        assert len(export_log(caplog, "export resumed")) == 1
+    finally:
+        sink.shutdown(timeout_s=1)
+        hang.close()
+        if server is not None:
+            server.stop(0)
+
+
+class AlwaysFailing(SpanExporter):
+    def export(self, spans):
+        return SpanExportResult.FAILURE
+
+    def shutdown(self):
+        pass
+
+
+def _attrs(span_json: dict) -> dict:
+    def value(v: dict):
+        if "arrayValue" in v:
+            return [value(x) for x in v["arrayValue"].get("values", [])]
+        (kind, x), *_ = v.items()
+        return int(x) if kind == "intValue" else x
+
+    return {a["key"]: value(a["value"]) for a in span_json["attributes"]}
+
+
+def test_export_and_drop_counters_land_in_the_trace_store(tmp_path):
+    """`engine.export`: per exporter and reason, cumulative, in the process's own trace."""
+    jsonl = ExportWorker("jsonl", JsonLinesSpanExporter(tmp_path, "vllm-decode-worker0"))
+    down = ExportWorker("otlp", AlwaysFailing(), max_queue=2)
+    sink = SpanSink([jsonl, down])
+    pipeline = Pipeline(
+        BuilderConfig("push", "decode", "worker", "decode-engine-001"),
+        RESOURCE,
+        sink,
+        export_stats_every_s=3600,
+    )
+    sink.emit([span(i) for i in range(5)])  # otlp: 3 queue full, then 2 export failed
+    assert sink.flush(5)
+    pipeline.emit_export_stats()
+    assert sink.flush(5)
+    stats = sink.stats()
+    assert stats["otlp"]["dropped_by_reason"] == {
+        semconv.DROP_QUEUE_FULL: 3,
+        semconv.DROP_EXPORT_FAILED: 3,  # the 2 spans, then the record itself
+        semconv.DROP_STORE_FULL: 0,
+    }
+    assert stats["jsonl"]["exported"] == 6 and stats["otlp"]["failing"] is True
+    pipeline.shutdown()
+    records = [s for s in spans_in(jsonl.exporter.path) if s["name"] == semconv.SPAN_ENGINE_EXPORT]
+    assert len(records) == 2  # the one asked for, and the last one at shutdown
+    first, last = (_attrs(r) for r in records)
+    assert first[semconv.EXPORT_EXPORTER] == ["jsonl", "otlp"]
+    assert first[semconv.EXPORT_EXPORTED] == [5, 0]
+    assert first[semconv.EXPORT_DROPPED_QUEUE_FULL] == [0, 3]
+    assert first[semconv.EXPORT_DROPPED_EXPORT_FAILED] == [0, 2]
+    assert first[semconv.EXPORT_DROPPED_STORE_FULL] == [0, 0]
+    assert first[semconv.EXPORT_FAILING] == [False, True]
+    assert first[semconv.EVENTS_DROPPED] == 0
+    assert first[semconv.ENGINE_ID] == "decode-engine-001"
+    assert last[semconv.EXPORT_EXPORTED] == [6, 0]  # cumulative: the first record landed
+    assert last[semconv.EXPORT_DROPPED_EXPORT_FAILED] == [0, 3]
+    assert records[0]["traceId"] == records[1]["traceId"]  # the process's own trace
+    assert records[1]["startTimeUnixNano"] == records[0]["endTimeUnixNano"]

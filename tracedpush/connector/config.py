@@ -23,6 +23,8 @@ _KEYS = {
     "stale_after_s": (int, float),
     "interval_ms": (int, float),
     "sample_threads": bool,
+    "producer_watch": bool,
+    "producer_check_after_s": (int, float),
 }
 
 
@@ -34,6 +36,9 @@ class TracedConfig:
     stale_after_s: float = 120.0
     interval_ms: float = 100.0
     sample_threads: bool = True  # engine.threads: /proc CPU per thread, once a second
+    # push D: fail receives whose prefill engine refuses connections (producer_watch.py)
+    producer_watch: bool = True
+    producer_check_after_s: float = 5.0
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> TracedConfig:
@@ -56,6 +61,10 @@ class TracedConfig:
             stale_after_s=float(raw.get("stale_after_s", cls.stale_after_s)),
             interval_ms=float(raw.get("interval_ms", cls.interval_ms)),
             sample_threads=bool(raw.get("sample_threads", cls.sample_threads)),
+            producer_watch=bool(raw.get("producer_watch", cls.producer_watch)),
+            producer_check_after_s=float(
+                raw.get("producer_check_after_s", cls.producer_check_after_s)
+            ),
         )
 
     def service_for(self, role: str) -> str:

@@ -13,7 +13,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (
 )
 
 from tracedpush.connector import version
-from tracedpush.connector.traced import TracedConnectorMixin
+from tracedpush.connector.producer_watch import ProducerWatch
+from tracedpush.connector.traced import TracedConnectorMixin, log
 from tracedpush.telemetry import events as ev
 
 version.check_seams(NixlPushConnectorWorker, version.WORKER_SEAMS, "NixlPushConnectorWorker")
@@ -24,6 +25,25 @@ class NixlPushConnector(TracedConnectorMixin, _UpstreamPush):
     """vLLM's push connector plus per-request spans; same protocol, same config keys."""
 
     _TRACEDPUSH_MODE = "push"
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self._tp_watch: ProducerWatch | None = None
+        worker = getattr(self, "connector_worker", None)
+        config = self._tp_config
+        if worker is None or self._tp_role != "decode" or not config.producer_watch:
+            return
+        try:  # independent of tracing: it is about D's blocks, not spans
+            version.check_seams(worker, version.PRODUCER_WATCH_SEAMS, type(worker).__name__)
+            watch = ProducerWatch(worker, after_s=config.producer_check_after_s)
+            self._tp_watch = watch.start()
+        except Exception:
+            log.exception("tracedpush: no producer watch; vLLM's own behaviour applies")
+
+    def shutdown(self) -> None:
+        if self._tp_watch is not None:
+            self._tp_watch.stop()
+        super().shutdown()
 
     def _tp_start(self, config: Any, engine_id: str, worker: Any) -> None:
         super()._tp_start(config, engine_id, worker)

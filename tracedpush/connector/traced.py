@@ -65,7 +65,7 @@ class TracedConnectorMixin:
         self._tp_ns = [0, 0, 0, 0, 0]  # bind, start_load, wait_save, results, other
         self._tp_loads = [0, 0]  # started, finished
         ktc = vllm_config.kv_transfer_config
-        config = TracedConfig.from_extra_config(ktc.kv_connector_extra_config)
+        config = self._tp_config = TracedConfig.from_extra_config(ktc.kv_connector_extra_config)
         self._tp_role = _role_for(ktc.kv_role)
         self._tp_block_size = int(getattr(vllm_config.cache_config, "block_size", 16) or 16)
         if not config.enabled:

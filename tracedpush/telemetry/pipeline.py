@@ -3,9 +3,13 @@
 Engine threads only touch `pipeline.record` (a `deque.append`). The builder thread
 wakes every `interval_s`, drains the events, builds spans and hands them to the sink,
 whose exporters have their own threads. Every `sweep_every_s` it also closes stale
-requests, emits the process's engine steps and (optionally) samples its threads. If
-the builder ever falls `max_backlog` events behind, the oldest events are discarded
-and counted rather than letting memory grow; nothing ever blocks the recording thread.
+requests, emits the process's engine steps and (optionally) samples its threads. Every
+`export_stats_every_s`, when spans were built or lost since the last one, and once more
+at shutdown, it writes the sink's export and drop counters into the trace store as an
+`engine.export` span, so spans lost to a down exporter or a full disk are visible where
+the traces are. If the builder ever falls `max_backlog` events behind, the oldest
+events are discarded and counted rather than letting memory grow; nothing ever blocks
+the recording thread.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import atexit
 import logging
 import threading
 import time
+from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 
@@ -34,6 +39,7 @@ class Pipeline:
         *,
         interval_s: float = 0.1,
         sweep_every_s: float = 1.0,
+        export_stats_every_s: float = 10.0,
         max_backlog: int = 1_000_000,
         sample_threads: bool = False,
         thread_roles: dict[int, str] | None = None,
@@ -44,6 +50,8 @@ class Pipeline:
         self.builder = SpanBuilder(config, resource, sink.emit)
         self.interval_s = interval_s
         self.sweep_every_s = sweep_every_s
+        self.export_stats_every_s = export_stats_every_s
+        self._last_export_stats: tuple[int, ...] | None = None
         self.sample_threads = sample_threads  # an /proc sample of our threads each sweep
         self.thread_roles = thread_roles or {}  # native threads identified at start (NIXL's)
         self.max_backlog = max_backlog
@@ -60,7 +68,7 @@ class Pipeline:
 
     def _run(self) -> None:
         name_os_thread(f"tracedpush-bld{self.builder.cfg.side[0]}")  # 15 bytes at most
-        last_sweep = time.monotonic()
+        last_sweep = last_stats = time.monotonic()
         while not self._stop.wait(self.interval_s):
             self.pump()
             if time.monotonic() - last_sweep >= self.sweep_every_s:
@@ -74,6 +82,9 @@ class Pipeline:
                             self.events_recorded,
                             self.thread_roles,
                         )
+                if time.monotonic() - last_stats >= self.export_stats_every_s:
+                    last_stats = time.monotonic()
+                    self.emit_export_stats()
 
     def pump(self) -> None:
         """Drain and build now (the thread calls this; tests may too)."""
@@ -87,6 +98,27 @@ class Pipeline:
             self.events_recorded += len(events)
             if events:
                 self._guard(self.builder.feed, events)
+
+    def emit_export_stats(self, force: bool = False) -> None:
+        """One `engine.export` span with the sink's counters, if spans were built or lost
+        since the last one (or `force`). The span itself is not counted as built, so an
+        idle process emits none."""
+        with self._lock:
+            stats = self.sink.stats()
+            key = (
+                self.builder.spans_built,
+                self.events_dropped,
+                *(w["dropped"] for w in stats.values()),
+            )
+            if not force and key == self._last_export_stats:
+                return
+            self._last_export_stats = key
+            self._guard(self._emit_export_record, stats)
+
+    def _emit_export_record(self, stats: dict[str, dict[str, Any]]) -> None:
+        span = self.builder.process.export_span(stats, time.time_ns(), self.events_dropped)
+        if span is not None:
+            self.sink.emit([span])
 
     def _guard(self, fn, *args) -> None:
         try:
@@ -116,4 +148,7 @@ class Pipeline:
         self.pump()
         with self._lock:
             self._guard(self.builder.flush_all)
+        # so the last record counts what the final spans became (not waiting on a dead exporter)
+        self.sink.flush(timeout_s, failing_wait_s=0.0)
+        self.emit_export_stats()
         self.sink.shutdown(timeout_s)

@@ -3,12 +3,15 @@
 They belong to no request, so they never bloat a request's trace: each process has one
 trace of its own (id derived from engine id, side and pid). `engine.steps` carries a
 batch of steps as parallel arrays (about one span a second); `engine.threads` one /proc
-sample of the process's threads. docs/spans.md documents both.
+sample of the process's threads; `engine.export` the export and drop counters, so spans
+lost to a down exporter or a full store show up in the store itself. docs/spans.md
+documents all three.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -33,6 +36,7 @@ class ProcessSpans:
         self._sched: list[ev.SchedStep] = []
         self._worker: list[ev.WorkerStep] = []
         self._last_sample_ns = 0
+        self._last_export_ns = 0
         self._last_cpu: dict[tuple[int, int], float] = {}
 
     def on_sched_step(self, e: ev.SchedStep) -> None:
@@ -118,6 +122,30 @@ class ProcessSpans:
         attrs[sc.THREAD_AFFINITY] = [r.affinity for r in rows]
         attrs[sc.EVENTS_RECORDED] = events_recorded
         return self._span(sc.SPAN_ENGINE_THREADS, start, now_ns, attrs)
+
+    def export_span(
+        self,
+        exporters: Mapping[str, Mapping[str, Any]],
+        now_ns: int,
+        events_dropped: int = 0,
+    ) -> ReadableSpan | None:
+        """One `engine.export` span from `SpanSink.stats()` (a plain dict, so this module
+        needs nothing from the exporters); None without exporters. Counts are cumulative:
+        a record lost to a full store is made up for by the next one that lands."""
+        if not exporters:
+            return None
+        start, self._last_export_ns = self._last_export_ns or now_ns, now_ns
+        names = sorted(exporters)
+        rows = [exporters[n] for n in names]
+        attrs = self._base_attrs()
+        attrs[sc.EXPORT_EXPORTER] = names
+        attrs[sc.EXPORT_EXPORTED] = [int(r.get("exported", 0)) for r in rows]
+        attrs[sc.EXPORT_QUEUED] = [int(r.get("queued", 0)) for r in rows]
+        attrs[sc.EXPORT_FAILING] = [bool(r.get("failing", False)) for r in rows]
+        for reason, key in sc.EXPORT_DROPPED.items():
+            attrs[key] = [int(r.get("dropped_by_reason", {}).get(reason, 0)) for r in rows]
+        attrs[sc.EVENTS_DROPPED] = events_dropped
+        return self._span(sc.SPAN_ENGINE_EXPORT, start, now_ns, attrs)
 
     def _span(self, name: str, start: int, end: int, attrs: dict[str, Any]) -> ReadableSpan:
         return self.spans.span(
