@@ -13,7 +13,7 @@ ifneq ($(MODEL_DIR),)
 export TRACEDPUSH_MODEL_DIR := $(abspath $(MODEL_DIR))
 endif
 
-.PHONY: help install test check demo model lint format clean distclean
+.PHONY: help install test check demo model lint format fuzz clean distclean
 
 help:
 	@echo "make test      install (first time) and run the whole test suite"
@@ -23,8 +23,9 @@ help:
 	@echo "make check     ruff check, ruff format --check, import-layer contracts (part of test)"
 	@echo "make lint      ruff check + ruff format --check"
 	@echo "make format    ruff format + ruff check --fix"
+	@echo "make fuzz      property-based fuzzing of the proxy's request schema (5000 examples)"
 	@echo "make clean     remove caches and run/trace outputs; distclean also removes $(VENV)"
-	@echo "Variables: VENV=$(VENV) EXTRAS=$(EXTRAS) PYTEST_ARGS= DEMO_ARGS= MODEL_DIR="
+	@echo "Variables: VENV=$(VENV) EXTRAS=$(EXTRAS) PYTEST_ARGS= DEMO_ARGS= MODEL_DIR= FUZZ_EXAMPLES=$(FUZZ_EXAMPLES)"
 
 install:
 	@EXTRAS=$(EXTRAS) bash scripts/install.sh $(VENV)
@@ -52,8 +53,14 @@ format: install
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# The proxy's request-schema fuzz test with more examples than `make test` runs (300).
+FUZZ_EXAMPLES ?= 5000
+fuzz: install
+	TRACEDPUSH_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/unit/test_proxy_fuzz.py \
+		--hypothesis-show-statistics $(PYTEST_ARGS)
+
 clean:
-	rm -rf build dist *.egg-info .pytest_cache .ruff_cache runs traces artifacts
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .hypothesis runs traces artifacts
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 distclean: clean

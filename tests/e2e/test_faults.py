@@ -25,9 +25,13 @@ from typing import Any
 
 import pytest
 
+from tracedpush import semconv
 from tracedpush.analysis import TraceStore, analyze
+from tracedpush.analysis.steps import EngineSteps
 from tracedpush.launcher.metrics import metric_sum
 from tracedpush.launcher.processes import busy_ports, http_ok, lock_delegation_env
+from tracedpush.testing.net import free_port
+from tracedpush.testing.otlp import HangingEndpoint, OtlpHttpReceiver
 from tracedpush.testing.processes import alive, descendants
 
 PORTS = {"--port": 18400, "--prefill-port": 18500, "--decode-port": 18600}
@@ -43,12 +47,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 class Up:
     """`tracedpush up` in a subprocess, its output collected by a thread."""
 
-    def __init__(self, mode: str, run_dir: Path, *extra: str) -> None:
+    def __init__(
+        self, mode: str, run_dir: Path, *extra: str, env: dict[str, str] | None = None
+    ) -> None:
         argv = [sys.executable, "-m", "tracedpush", "up", "--mode", mode, "--run-dir", str(run_dir)]
         argv += extra
         for flag, port in {**PORTS, **SIDE}.items():
             argv += [flag, str(port)]
-        env = {**os.environ, **lock_delegation_env()}  # the session holds the engines lock
+        # the session holds the engines lock
+        env = {**os.environ, **lock_delegation_env(), **(env or {})}
         self.proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )
@@ -307,3 +314,106 @@ def test_killing_a_prefill_mid_transfer_leaves_the_other_serving(mode: str, tmp_
         )
     finally:
         up.stop_clean(18501, 15801)  # the second P's HTTP and side-channel ports
+
+
+HANG_S = 60.0
+
+
+def _decode_step_ms(traces: Path, t0_ns: int, t1_ns: int) -> list[float]:
+    """D's decoding steps' durations (bind -> clear, forward included) in [t0, t1)."""
+    steps = EngineSteps.from_spans(TraceStore.from_path(traces).all_spans())
+    return sorted(
+        s.duration_us / 1e3
+        for per_engine in steps.steps.values()
+        for s in per_engine
+        if s.role == "decode" and s.decode_reqs and s.duration_us and t0_ns <= s.start_ns < t1_ns
+    )
+
+
+def _export_drops(traces: Path) -> dict[str, int]:
+    """The OTLP exporter's drops by reason, per service, from its latest engine.export."""
+    latest: dict[str, tuple[int, dict[str, int]]] = {}
+    for span in TraceStore.from_path(traces).all_spans():
+        if span.name != semconv.SPAN_ENGINE_EXPORT:
+            continue
+        a = span.attributes
+        exporters = list(a.get(semconv.EXPORT_EXPORTER) or ())
+        if "otlp" not in exporters:
+            continue
+        i = exporters.index("otlp")
+        drops = {r: int(a[k][i]) for r, k in semconv.EXPORT_DROPPED.items() if k in a}
+        key = f"{span.resource.service}/{span.resource.pid}"
+        if key not in latest or span.start_ns > latest[key][0]:
+            latest[key] = (span.start_ns, drops)
+    return {k: sum(v.values()) for k, (_, v) in latest.items()}
+
+
+def test_a_hanging_collector_never_slows_the_engines(tmp_path: Path) -> None:
+    """1P1D push exporting OTLP to a collector that answers, then for 60 s accepts
+    connections and never answers, then answers again, under a steady closed loop.
+
+    D's engine steps (from the JSON lines store, which stays healthy) keep their
+    duration; the OTLP exporters drop and count (engine.export records); export resumes
+    without a restart."""
+    port = free_port()
+    collector: OtlpHttpReceiver | HangingEndpoint = OtlpHttpReceiver(port)
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+    }
+    up = Up("push", tmp_path, env=env)
+    stop = threading.Event()
+    done: list[dict] = []
+    try:
+        up.wait_for("Press Ctrl-C", 600)
+        model = _model()
+
+        def client(w: int) -> None:
+            i = 0
+            while not stop.is_set():
+                done.append(_stream(model, f"hang-{w}-{i}", 48, None))
+                i += 1
+
+        with ThreadPoolExecutor(4) as pool:
+            for w in range(4):
+                pool.submit(client, w)
+            time.sleep(10)  # warm
+            healthy = (time.time_ns(), 0)
+            time.sleep(20)
+            healthy = (healthy[0], time.time_ns())
+            assert isinstance(collector, OtlpHttpReceiver)
+            before_hang = len(collector.names)
+            collector.close()
+            collector = HangingEndpoint(port)
+            hung = (time.time_ns(), 0)
+            time.sleep(HANG_S)
+            hung = (hung[0], time.time_ns())
+            collector.close()
+            collector = OtlpHttpReceiver(port)
+            deadline = time.monotonic() + 60
+            while not collector.names:  # recovered: spans arrive again
+                assert time.monotonic() < deadline, "export did not resume"
+                time.sleep(1)
+            stop.set()
+        bad = [r for r in done if r["status"] != 200 or r["error"] or r["tokens"] != 48]
+        assert not bad, bad[:3]
+        assert before_hang > 0, "nothing reached the healthy collector"
+
+        time.sleep(12)  # the engines' next engine.export records (every 10 s)
+        ok_ms = _decode_step_ms(tmp_path / "traces", *healthy)
+        hang_ms = _decode_step_ms(tmp_path / "traces", *hung)
+        assert len(ok_ms) > 50 and len(hang_ms) > 50, (len(ok_ms), len(hang_ms))
+        ok_p50, hang_p50 = ok_ms[len(ok_ms) // 2], hang_ms[len(hang_ms) // 2]
+        assert hang_p50 <= 1.5 * ok_p50, (ok_p50, hang_p50)  # within this machine's noise
+        drops = _export_drops(tmp_path / "traces")
+        assert any(drops.values()), drops
+        print(
+            f"\nhung collector: D's step p50 {ok_p50:.2f} ms healthy, {hang_p50:.2f} ms during "
+            f"the {HANG_S:.0f} s hang (x{hang_p50 / ok_p50:.2f}); OTLP drops counted {drops}; "
+            f"{len(collector.names)} spans arrived after it answered again; "
+            f"{len(done)} requests, 0 lost"
+        )
+    finally:
+        stop.set()
+        collector.close()
+        up.stop_clean()

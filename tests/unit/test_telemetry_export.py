@@ -8,7 +8,6 @@ import errno
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +37,7 @@ from tracedpush.telemetry.export import (
 from tracedpush.telemetry.jsonl import JsonLinesSpanExporter
 from tracedpush.telemetry.pipeline import Pipeline
 from tracedpush.testing.net import free_port
+from tracedpush.testing.otlp import HangingEndpoint, OtlpHttpReceiver
 
 RESOURCE = Resource.create({"service.name": "vllm-decode", "host.name": "h1"})
 
@@ -406,72 +406,6 @@ def test_a_file_size_limit_moves_on_to_a_new_part(tmp_path):
     files = sorted(tmp_path.glob("*.jsonl"))
     assert len(files) >= 2
     assert sum(len(spans_in(f)) for f in files) == sum(r[0] for r in results)
-
-
-class HangingEndpoint:
-    """Accepts TCP connections and never reads or answers: a hung OTLP collector."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.sock.settimeout(0.05)
-        self.port = self.sock.getsockname()[1]
-        self.conns: list[socket.socket] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.conns.append(conn)
-
-    def close(self) -> None:
-        if self._stop.is_set():
-            return
-        self._stop.set()
-        self._thread.join()
-        self.sock.close()
-        for conn in self.conns:
-            conn.close()
-
-
-class OtlpHttpReceiver:
-    """A real OTLP/HTTP receiver: POST /v1/traces, protobuf, spans decoded and counted."""
-
-    def __init__(self, port: int) -> None:
-        self.names: list[str] = []
-        names = self.names
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                req = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
-                if self.path == "/v1/traces":
-                    names.extend(
-                        s.name for r in req.resource_spans for sc in r.scope_spans for s in sc.spans
-                    )
-                self.send_response(200 if self.path == "/v1/traces" else 404)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.end_headers()
-                self.wfile.write(trace_service_pb2.ExportTraceServiceResponse().SerializeToString())
-
-            def log_message(self, *args):
-                pass
-
-        self.server = HTTPServer(("127.0.0.1", port), Handler)  # SO_REUSEADDR: same port
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def test_a_hanging_otlp_endpoint_never_blocks_emit_times_out_and_recovers(otel_env, caplog):

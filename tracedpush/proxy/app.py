@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,15 +26,26 @@ from tracedpush.proxy import spans as proxy_spans
 from tracedpush.proxy.coords import InstanceSpec, coords_from_params, probe
 from tracedpush.proxy.errors import (
     BadRequest,
+    ModelNotFound,
     NoInstance,
+    PayloadTooLarge,
     ProxyError,
+    RouteError,
     UpstreamFailure,
     sse_error_event,
 )
+from tracedpush.proxy.fields import json_shape_problem, short
 from tracedpush.proxy.metrics import ProxyMetrics
+from tracedpush.proxy.models import (
+    MODEL_CACHE_TTL_S,
+    ModelCard,
+    ModelCatalog,
+    cards_from_answer,
+)
 from tracedpush.proxy.params import (
     GENERATE_ROUTES,
     KV_PARAMS,
+    check_token_ids,
     decode_body,
     decode_params_problems,
     describe_problems,
@@ -51,6 +63,7 @@ log = logging.getLogger(__name__)
 MODES = ("push", "pull")
 KV_DISCOVERY = ("learn", "probe")
 CLIENT_GONE = (semconv.ERR_CLIENT_DISCONNECT, "client disconnected")
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -63,6 +76,10 @@ class ProxyConfig:
     kv_discovery: str = "learn"  # push: "learn" from P's answers, or also "probe" at start
     health_interval: float = 5.0  # seconds between health checks; 0 disables them
     health_timeout: float = 2.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger bodies get a 413, unread
+    vocab_size: int | None = None  # None: learn it from the model directory, else skip
+    model_check: bool = True  # 404 for models the engines do not list in /v1/models
+    model_cache_ttl: float = MODEL_CACHE_TTL_S  # at most one /v1/models refresh per ttl
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -71,6 +88,10 @@ class ProxyConfig:
             raise ValueError(f"kv_discovery must be one of {KV_DISCOVERY}")
         if not self.prefill or not self.decode:
             raise ValueError("at least one prefill and one decode instance are required")
+        if self.max_body_bytes < 1:
+            raise ValueError("max_body_bytes must be >= 1")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ValueError("vocab_size must be >= 1 (or None: unknown)")
 
 
 class ProxyState:
@@ -84,6 +105,7 @@ class ProxyState:
         self.spans = proxy_spans.ProxySpans(provider, config.mode)
         self.metrics = ProxyMetrics(config.mode)
         self.active_ids: set[str] = set()
+        self.models = ModelCatalog(vocab_size=config.vocab_size, ttl=config.model_cache_ttl)
         self.upstream: UpstreamClient  # set at startup
         self.monitor: HealthMonitor | None = None
 
@@ -457,12 +479,53 @@ async def push_flow(ex: Exchange, p: Instance, d: Instance) -> None:
 
 
 # ---------------------------------------------------------------------- the handlers
-async def _read_body(request: web.Request) -> Any:
-    raw = await request.read()
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e999: valid JSON, but no engine can take infinity
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+def _too_large(limit: int, size: int | None) -> PayloadTooLarge:
+    got = f" (got {size} bytes)" if size is not None else ""
+    return PayloadTooLarge(
+        f"request body is larger than the proxy's limit of {limit} bytes{got}; "
+        "the limit is set with --max-body-bytes (TRACEDPUSH_PROXY_MAX_BODY_BYTES)"
+    )
+
+
+async def _read_body(request: web.Request, limit: int) -> Any:
+    """The parsed body; 413 past ``limit`` (unread when Content-Length says so), 400
+    for anything that is not strict JSON (NaN and Infinity included) or that nests too
+    deeply or carries unpaired surrogates (fields.json_shape_problem)."""
+    if request.content_length is not None and request.content_length > limit:
+        raise _too_large(limit, request.content_length)
     try:
-        return json.loads(raw)
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:  # chunked: aiohttp counted past client_max_size
+        raise _too_large(limit, None) from None
+    try:
+        # Strictly: json.loads(bytes) would decode with surrogatepass and let lone
+        # surrogates through as text.
+        text = raw.decode(json.detect_encoding(raw))
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"request body is not UTF-8 text: {exc}") from None
+    try:
+        body = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
     except ValueError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("request body is not usable JSON: it nests too deeply") from None
+    if problem := json_shape_problem(text, body):
+        key, why = problem
+        if key is None:
+            raise BadRequest(f"request body {why}")
+        raise BadRequest(f"'{key}' {why}", param=key)
+    return body
 
 
 def _pick(pool: Pool) -> Instance:
@@ -472,10 +535,55 @@ def _pick(pool: Pool) -> Instance:
     return inst
 
 
+async def _fetch_models(state: ProxyState, headers: dict[str, str]) -> list[ModelCard] | None:
+    """The models both roles serve, from one usable P and one usable D; None if neither
+    answered. Bounded by the health timeout: a busy engine delays only this miss."""
+    pools = (state.prefill, state.decode)
+    targets = [next((i for i in pool.instances if i.usable), None) for pool in pools]
+    timeout = aiohttp.ClientTimeout(total=state.config.health_timeout)
+
+    async def ask(inst: Instance) -> list[ModelCard] | None:
+        try:
+            async with state.upstream.session.get(
+                f"{inst.url}/v1/models", headers=headers, timeout=timeout
+            ) as resp:
+                if resp.status != 200:
+                    raise ValueError(f"status {resp.status}")
+                return cards_from_answer(await resp.json(content_type=None))
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.info("cannot list the models of %s %s: %s", inst.role, inst.url, exc)
+            return None
+
+    answers = await asyncio.gather(*(ask(i) for i in targets if i is not None))
+    lists = [cards for cards in answers if cards is not None]
+    if not lists:
+        return None
+    common = set.intersection(*({c.name for c in cards} for cards in lists))
+    return [c for c in lists[-1] if c.name in common]  # D's cards (roots) when D answered
+
+
+async def _check_model(ex: Exchange, body: dict[str, Any]) -> int | None:
+    """404 for a model the engines do not serve; returns its vocabulary size if known."""
+    state = ex.state
+    if not state.config.model_check:
+        return state.config.vocab_size
+    auth = ex.request.headers.get("Authorization")
+    headers = {"Authorization": auth} if auth else {}
+    found = await state.models.lookup(body["model"], lambda: _fetch_models(state, headers))
+    if found.known is False:
+        served = ", ".join(repr(name) for name in found.served) or "no model"
+        raise ModelNotFound(
+            f"'model' {short(body['model'])} does not exist: the engines serve {served}",
+            param="model",
+        )
+    return found.vocab_size
+
+
 async def _serve(ex: Exchange) -> None:
     state = ex.state
-    body = await _read_body(ex.request)
+    body = await _read_body(ex.request, state.config.max_body_bytes)
     validate_client_body(ex.route, body, state.mode)
+    check_token_ids(ex.route, body, await _check_model(ex, body))
     ex.body, ex.stream = body, bool(body.get("stream"))
     ex.root.set_attribute(semconv.STREAM, ex.stream)
     ex.request_id = state.claim_request_id(ex.request.headers.get("X-Request-Id"))
@@ -635,6 +743,32 @@ async def _lifecycle(app: web.Application) -> Any:
     await session.close()
 
 
+def _routes(app: web.Application) -> list[str]:
+    return [
+        f"{r.method} {r.resource.canonical}"
+        for r in app.router.routes()
+        if r.method != "HEAD" and r.resource is not None
+    ]
+
+
+@web.middleware
+async def route_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Unknown routes and wrong methods answer OpenAI error JSON, not aiohttp's text."""
+    exc = request.match_info.http_exception
+    if exc is None:
+        return await handler(request)
+    route = f"{request.method} {request.path[:200]}"
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(exc.allowed_methods - {"HEAD"}))
+        err = RouteError(f"method not allowed: {route}; {request.path} accepts {allowed}", 405)
+        headers = {"Allow": ",".join(sorted(exc.allowed_methods))}
+        return web.json_response(err.body(), status=err.status, headers=headers)
+    err = RouteError(
+        f"no such route: {route}; the proxy serves " + ", ".join(_routes(request.app)), 404
+    )
+    return web.json_response(err.body(), status=err.status)
+
+
 def create_app(
     config: ProxyConfig, tracer_provider: TracerProvider | None = None
 ) -> web.Application:
@@ -644,7 +778,7 @@ def create_app(
     TestServer do): that is how a client disconnect reaches the handler and closes
     both legs.
     """
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[route_errors])
     app[STATE] = ProxyState(config, tracer_provider)
     for route in GENERATE_ROUTES:
         app.router.add_post(route, handle_generate)

@@ -14,8 +14,15 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from tracedpush import semconv
 from tracedpush.envs import env_bool, env_float, env_int, env_list, env_str
-from tracedpush.proxy.app import KV_DISCOVERY, MODES, ProxyConfig, create_app
+from tracedpush.proxy.app import (
+    DEFAULT_MAX_BODY_BYTES,
+    KV_DISCOVERY,
+    MODES,
+    ProxyConfig,
+    create_app,
+)
 from tracedpush.proxy.coords import InstanceSpec, parse_instance
+from tracedpush.proxy.models import vocab_size_of
 from tracedpush.proxy.upstream import Timeouts
 
 log = logging.getLogger("tracedpush.proxy")
@@ -123,6 +130,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "1-token request when it turns healthy (pins one KV block on P for its lease, "
         "30 s by default). Default learn. Env: TRACEDPUSH_KV_DISCOVERY.",
     )
+    requests = parser.add_argument_group(
+        "request checks (refused before any engine sees them; docs/proxy.md)"
+    )
+    requests.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=env_int("TRACEDPUSH_PROXY_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
+        metavar="N",
+        help=f"larger request bodies get a 413 (default {DEFAULT_MAX_BODY_BYTES}, 64 MiB). "
+        "Env: TRACEDPUSH_PROXY_MAX_BODY_BYTES.",
+    )
+    requests.add_argument(
+        "--vocab-size",
+        type=int,
+        default=env_int("TRACEDPUSH_PROXY_VOCAB_SIZE", 0),
+        metavar="N",
+        help="token ids >= N in a prompt get a 400. Default 0: from --model-dir, else "
+        "from the model directory the engines report in /v1/models when it is readable "
+        "here, else no check. Env: TRACEDPUSH_PROXY_VOCAB_SIZE.",
+    )
+    requests.add_argument(
+        "--model-dir",
+        metavar="DIR",
+        default=env_str("TRACEDPUSH_PROXY_MODEL_DIR"),
+        help="the served model's directory, read for the vocabulary size (config.json, "
+        "tokenizer files). Env: TRACEDPUSH_PROXY_MODEL_DIR.",
+    )
+    requests.add_argument(
+        "--model-check",
+        action=argparse.BooleanOptionalAction,
+        default=env_bool("TRACEDPUSH_PROXY_MODEL_CHECK", True),
+        help="answer 404 model_not_found for a model the engines do not list in "
+        "/v1/models (default on; turn off for engines that load LoRAs on demand or skip "
+        "model name validation). Env: TRACEDPUSH_PROXY_MODEL_CHECK=0/1.",
+    )
     timeouts = parser.add_argument_group("timeouts (seconds)")
     timeouts.add_argument(
         "--connect-timeout",
@@ -183,6 +225,8 @@ def build_config(args: argparse.Namespace) -> ProxyConfig:
     for name in ("connect_timeout", "first_byte_timeout", "total_timeout"):
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+    if args.max_body_bytes < 1:
+        raise ValueError("--max-body-bytes must be >= 1")
     return ProxyConfig(
         mode=args.mode,
         prefill=prefill,
@@ -196,7 +240,27 @@ def build_config(args: argparse.Namespace) -> ProxyConfig:
         kv_discovery=args.kv_discovery,
         health_interval=args.health_interval,
         health_timeout=args.health_timeout,
+        max_body_bytes=args.max_body_bytes,
+        vocab_size=_vocab_size(args),
+        model_check=args.model_check,
     )
+
+
+def _vocab_size(args: argparse.Namespace) -> int | None:
+    """--vocab-size, else --model-dir's; None (check skipped or learned) when neither."""
+    if args.vocab_size < 0:
+        raise ValueError("--vocab-size must be >= 0 (0: unknown)")
+    if args.vocab_size:
+        return args.vocab_size
+    if not args.model_dir:
+        return None
+    size = vocab_size_of(args.model_dir)
+    if size is None:
+        raise ValueError(
+            f"--model-dir {args.model_dir}: no vocab_size in its config.json "
+            "(give --vocab-size instead)"
+        )
+    return size
 
 
 def _display_host(host: str) -> str:

@@ -18,6 +18,7 @@ class ProxyError(Exception):
 
     status: int = 500
     error_kind: str = "internal_error"
+    code: str | None = None  # OpenAI's string code when there is one; else the status
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -25,7 +26,10 @@ class ProxyError(Exception):
         self.param = param
 
     def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.error_kind, self.status, self.param)
+        body = error_body(self.message, self.error_kind, self.status, self.param)
+        if self.code is not None:
+            body["error"]["code"] = self.code
+        return body
 
 
 class BadRequest(ProxyError):
@@ -33,6 +37,31 @@ class BadRequest(ProxyError):
 
     status = 400
     error_kind = "invalid_request_error"
+
+
+class PayloadTooLarge(ProxyError):
+    """The body is over --max-body-bytes; it was not read, and no engine has seen it."""
+
+    status = 413
+    error_kind = "invalid_request_error"
+
+
+class ModelNotFound(ProxyError):
+    """The engines do not serve the requested model (OpenAI's 404 ``model_not_found``)."""
+
+    status = 404
+    error_kind = "invalid_request_error"
+    code = "model_not_found"
+
+
+class RouteError(ProxyError):
+    """No such route (404) or not with this method (405); answered as JSON, not text."""
+
+    error_kind = "invalid_request_error"
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class NoInstance(ProxyError):

@@ -18,6 +18,7 @@ import uuid
 from typing import Any
 
 from tracedpush import semconv
+from tracedpush.proxy import fields
 from tracedpush.proxy.errors import BadRequest
 
 ROUTE_COMPLETIONS = "/v1/completions"
@@ -53,7 +54,11 @@ def _is_token_list(value: Any) -> bool:
 
 
 def validate_client_body(route: str, body: Any, mode: str) -> None:
-    """Raise BadRequest (naming the key) for anything no engine should see."""
+    """Raise BadRequest (naming the key) for anything no engine should see.
+
+    The checks and why they exist: docs/proxy.md, "What never reaches an engine";
+    the field rules live in fields.py.
+    """
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     if KV_PARAMS in body:
@@ -61,33 +66,92 @@ def validate_client_body(route: str, body: Any, mode: str) -> None:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' is required and must be a non-empty string", param="model")
-    if route == ROUTE_CHAT:
+    chat = route == ROUTE_CHAT
+    if chat:
         _check_messages(body.get("messages"))
     else:
         _check_prompt(body.get("prompt"))
-    for key in ("max_tokens", "max_completion_tokens"):
-        value = body.get(key)
-        if value is not None and (not _is_int(value) or value < 1):
-            raise BadRequest(f"'{key}' must be an integer >= 1, got {value!r}", param=key)
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise BadRequest(f"'stream' must be a boolean, got {stream!r}", param="stream")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise BadRequest("'stream_options' must be an object", param="stream_options")
-    n = body.get("n")
-    if n is not None and n != 1:
+    _check_n(body, chat)
+    if unsupported := fields.pd_unsupported(chat, body):
+        raise BadRequest(unsupported[1], param=unsupported[0])
+    table = fields.CHAT_FIELDS if chat else fields.COMPLETIONS_FIELDS
+    if problem := fields.field_problem(table, body):
+        key, why = problem
+        raise BadRequest(f"'{key}' {why}, got {fields.short(body[key])}", param=key)
+    _check_combinations(body, chat)
+
+
+def _check_n(body: dict[str, Any], chat: bool) -> None:
+    n = body.get("n", 1)
+    if (n is None and chat) or (_is_int(n) and n == 1):
+        return
+    raise BadRequest(
+        f"'n' must be 1 through P/D disaggregation (got {fields.short(n)}): the prefill and "
+        "decode requests are paired by request id, one sequence each",
+        param="n",
+    )
+
+
+def _check_combinations(body: dict[str, Any], chat: bool) -> None:
+    """Rules across fields that vLLM enforces (each a 400 from the engine otherwise)."""
+    if body.get("stream_options") and not body.get("stream"):
         raise BadRequest(
-            f"'n' must be 1 through P/D disaggregation (got {n!r}): the prefill and "
-            "decode requests are paired by request id, one sequence each",
-            param="n",
+            "'stream_options' can only be given with \"stream\": true", param="stream_options"
         )
+    if chat:
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    else:  # vLLM's CompletionRequest defaults max_tokens to 16
+        limit = body.get("max_tokens") or fields.COMPLETIONS_DEFAULT_MAX_TOKENS
+    min_tokens = body.get("min_tokens", 0)
+    if limit is not None and min_tokens > limit:
+        raise BadRequest(
+            f"'min_tokens' ({min_tokens}) must not exceed the maximum number of tokens ({limit})",
+            param="min_tokens",
+        )
+    if chat and body.get("add_generation_prompt", True) and body.get("continue_final_message"):
+        raise BadRequest(
+            "'continue_final_message' cannot be true together with 'add_generation_prompt' "
+            "(which defaults to true)",
+            param="continue_final_message",
+        )
+
+
+def check_token_ids(route: str, body: dict[str, Any], vocab_size: int | None) -> None:
+    """Token ids the model does not have: vLLM refuses them, so P and D both would.
+
+    Skipped when the vocabulary size is unknown (``None``).
+    """
+    if vocab_size is None:
+        return
+    keys = ("allowed_token_ids",) if route == ROUTE_CHAT else ("prompt", "allowed_token_ids")
+    for key in keys:
+        ids = body.get(key)
+        if isinstance(ids, list) and len(ids) == 1 and isinstance(ids[0], list):
+            ids = ids[0]  # a one-element list holding the token-id prompt
+        if not isinstance(ids, list):
+            continue
+        for i, token in enumerate(ids):
+            if _is_int(token) and token >= vocab_size:
+                raise BadRequest(
+                    f"'{key}' token id {token} (index {i}) is out of vocabulary: the model "
+                    f"has {vocab_size} token ids (0-{vocab_size - 1})",
+                    param=key,
+                )
+    bias = body.get("logit_bias")
+    if isinstance(bias, dict):
+        for key in bias:
+            if int(key) >= vocab_size:
+                raise BadRequest(
+                    f"'logit_bias' token id {key} is out of vocabulary: the model has "
+                    f"{vocab_size} token ids (0-{vocab_size - 1})",
+                    param="logit_bias",
+                )
 
 
 def _check_prompt(prompt: Any) -> None:
     if isinstance(prompt, str) and prompt:
         return
-    if _is_token_list(prompt):
+    if _is_token_list(prompt) and all(t <= fields.INT64_MAX for t in prompt):
         return
     if (
         isinstance(prompt, list)
@@ -101,10 +165,13 @@ def _check_prompt(prompt: Any) -> None:
         )
     if isinstance(prompt, list) and len(prompt) == 1:
         only = prompt[0]
-        if (isinstance(only, str) and only) or _is_token_list(only):
+        if (isinstance(only, str) and only) or (
+            _is_token_list(only) and all(t <= fields.INT64_MAX for t in only)
+        ):
             return
     raise BadRequest(
-        "'prompt' is required: a non-empty string or a non-empty list of token ids",
+        "'prompt' is required: a non-empty string or a non-empty list of token ids "
+        "(integers 0 to 2^63-1)",
         param="prompt",
     )
 
@@ -117,6 +184,19 @@ def _check_messages(messages: Any) -> None:
             raise BadRequest(
                 f"'messages[{i}]' must be an object with a string 'role'", param="messages"
             )
+        content = message.get("content")
+        if content is not None and not isinstance(content, str) and not _is_parts(content):
+            raise BadRequest(
+                f"'messages[{i}].content' must be a string, a list of content parts "
+                "(objects with a string 'type') or null",
+                param="messages",
+            )
+
+
+def _is_parts(content: Any) -> bool:
+    return isinstance(content, list) and all(
+        isinstance(part, dict) and isinstance(part.get("type"), str) for part in content
+    )
 
 
 def client_kv_params_message(value: Any, mode: str) -> str:

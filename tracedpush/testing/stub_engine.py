@@ -53,6 +53,10 @@ class StubEngine:
     tail_delay: float = 0.0  # seconds between [DONE] and the end of the stream
     healthy: bool = True
     health_delay: float = 0.0  # seconds before /health answers (a busy engine)
+    models: tuple[str, ...] = ("stub-model",)  # the served names /v1/models lists
+    model_root: str | None = None  # the cards' "root" (vLLM: the model directory)
+    models_status: int = 200  # answer /v1/models with this status
+    models_asked: int = 0  # /v1/models requests seen
     kv_params: Callable[[dict[str, Any], str], dict[str, Any] | None] | None = None
     before_answer: Callable[[], Awaitable[None]] | None = None
     requests: list[Recorded] = field(default_factory=list)
@@ -76,9 +80,12 @@ class StubEngine:
         return web.Response(status=200 if self.healthy else 503)
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {"object": "list", "data": [{"id": "stub-model", "object": "model"}]}
-        )
+        self.models_asked += 1
+        if self.models_status != 200:
+            error = {"error": {"message": "stub models failure", "code": self.models_status}}
+            return web.json_response(error, status=self.models_status)
+        cards = [{"id": name, "object": "model", "root": self.model_root} for name in self.models]
+        return web.json_response({"object": "list", "data": cards})
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
