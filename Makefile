@@ -13,7 +13,7 @@ ifneq ($(MODEL_DIR),)
 export TRACEDPUSH_MODEL_DIR := $(abspath $(MODEL_DIR))
 endif
 
-.PHONY: help install test check demo model lint format fuzz clean distclean
+.PHONY: help install test check demo model lint format fuzz soak clean distclean
 
 help:
 	@echo "make test      install (first time) and run the whole test suite"
@@ -24,6 +24,7 @@ help:
 	@echo "make lint      ruff check + ruff format --check"
 	@echo "make format    ruff format + ruff check --fix"
 	@echo "make fuzz      property-based fuzzing of the proxy's request schema (5000 examples)"
+	@echo "make soak      the long fault runs make test leaves out (pull-mode engine kills)"
 	@echo "make clean     remove caches and run/trace outputs; distclean also removes $(VENV)"
 	@echo "Variables: VENV=$(VENV) EXTRAS=$(EXTRAS) PYTEST_ARGS= DEMO_ARGS= MODEL_DIR= FUZZ_EXAMPLES=$(FUZZ_EXAMPLES)"
 
@@ -58,6 +59,10 @@ FUZZ_EXAMPLES ?= 5000
 fuzz: install
 	TRACEDPUSH_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/unit/test_proxy_fuzz.py \
 		--hypothesis-show-statistics $(PYTEST_ARGS)
+
+# Long fault runs (pytest marker `soak`), left out of `make test` to keep it under 25 min.
+soak: install
+	$(PY) -m pytest -m soak -s $(PYTEST_ARGS)
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .hypothesis runs traces artifacts

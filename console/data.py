@@ -41,6 +41,12 @@ STEP_COLUMNS = [
 ]  # fmt: skip
 
 
+FAILURE_EXAMPLES = 10  # failed requests the Overview lists
+FAILURE_COLUMNS = [
+    "request", "mode", "leg", "type", "span", "at ms", "message", "trace_id",
+]  # fmt: skip
+
+
 class SourceError(Exception):
     """A source that cannot be read now; the message is shown to the user as is."""
 
@@ -172,6 +178,31 @@ class Snapshot:
             log.exception("contention analysis failed")
             return None
         return found if found else None
+
+    @cached_property
+    def failures(self) -> Any | None:
+        """`analysis.failures.FailureSummary` (failed requests by leg and type, requests
+        answered despite a failed span, incomplete traces), or None from an analysis
+        without it."""
+        if not hasattr(self.run, "failures"):
+            return None
+        try:
+            return self.run.failures()
+        except Exception:  # a new analysis module must not break the page
+            log.exception("failure accounting failed")
+            return None
+
+    @cached_property
+    def failure_examples(self) -> pd.DataFrame:
+        """Up to `FAILURE_EXAMPLES` failed requests (the first of each leg and type
+        first), one row each (`FAILURE_COLUMNS`), for the Overview's table."""
+        found, n = self.failures, FAILURE_EXAMPLES
+        rows = [
+            (r.request_id, r.mode, r.failure.leg, r.failure.type, r.failure.span,
+             r.failure.at_ms, r.failure.message, r.trace_id)
+            for r in (found.examples(n) if found is not None else [])
+        ]  # fmt: skip
+        return pd.DataFrame(rows, columns=FAILURE_COLUMNS)
 
     @property
     def newest_unix_ms(self) -> float | None:

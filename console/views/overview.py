@@ -1,7 +1,11 @@
-"""Overview: push vs pull TTFT and TPOT by load and prompt length, and where TTFT goes."""
+"""Overview: push vs pull TTFT and TPOT by load and prompt length, where TTFT goes, and
+where failed requests failed."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pandas as pd
 import streamlit as st
 
 from tracedpush.analysis.compare import explain_delta
@@ -11,6 +15,46 @@ try:
     from tracedpush.analysis.tpot import explain_tpot_delta
 except ImportError:  # pragma: no cover - an analysis without TPOT attribution
     explain_tpot_delta = None
+
+FAILED_TABLE = "failed_requests"
+
+
+def _open_failed(ids: list[str]) -> None:
+    rows = st.session_state[FAILED_TABLE].selection.rows
+    if rows:
+        st.session_state["_goto_timeline"] = ids[rows[0]]
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return " · ".join(f"`{name}` {n:,}" for name, n in counts.items())
+
+
+def failed_requests(found: Any, frame: pd.DataFrame) -> None:
+    """Where requests failed: counts by leg and type, and the first failures, each
+    linking to its timeline (`FailureSummary`, `Snapshot.failure_examples`)."""
+    st.subheader(f"Failed requests: {found.total:,} of {found.requests:,}")
+    st.markdown(f"By leg: {_counts(found.by_leg())}  \nBy type: {_counts(found.by_type())}")
+    ids = frame["trace_id"].tolist()
+    shown = frame.assign(timeline="timeline?" + ui.REQUEST_KEY + "=" + frame["trace_id"])
+    st.dataframe(
+        shown[["request", "mode", "leg", "type", "span", "message", "timeline"]],
+        hide_index=True,
+        column_config={
+            "timeline": st.column_config.LinkColumn("timeline", display_text="open"),
+            "message": st.column_config.TextColumn("message", width="large"),
+        },
+        on_select=lambda: _open_failed(ids),
+        selection_mode="single-row",
+        key=FAILED_TABLE,
+    )
+    st.caption(
+        f"Showing {len(frame):,} of {found.total:,} failed requests (the first of each leg "
+        "and type first); select a row or open its timeline. Also: "
+        f"{found.recovered:,} answered despite a failed span, {found.incomplete:,} seen by "
+        "the proxy with an incomplete trace. `tracedpush report --format json` lists every "
+        "failure (`requests[].failure`)."
+    )
+
 
 ui.goto_timeline_if_clicked()
 snap = ui.snapshot()
@@ -43,6 +87,9 @@ if untimed or incomplete:
         f"{incomplete:,} of {len(snap.table):,} requests have incomplete traces; {untimed:,} "
         "have no TTFT and are left out of the charts (Export has the full table)."
     )
+failed = snap.failures
+if failed is not None and failed.total:
+    failed_requests(failed, snap.failure_examples)
 
 stat = st.segmented_control("Statistic", charts.STATS, default="p50", key="overview_stat") or "p50"
 st.subheader(f"TTFT and TPOT by load ({stat})")

@@ -3,6 +3,8 @@ request of the other mode on the same time axis."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import streamlit as st
 
@@ -60,6 +62,27 @@ with st.expander("Pick a request", expanded=ui.selected_request(snap) is None):
         )
 
 
+_WHERE = {"proxy": "at the proxy", "client": "at the client"}  # else "in the <leg> leg"
+
+
+def _code(text: str) -> str:
+    """`text` as inline code: an error message is shown as it is, never as markdown."""
+    return "`" + " ".join(text.replace("`", "'").split()) + "`"
+
+
+def failure_banner(r: Any) -> str:
+    """Where a failed request failed: leg, error type, span, when, and the message."""
+    f = r.failure
+    return (
+        f"**{r.mode} request** {_code(r.request_id)} **failed "
+        f"{_WHERE.get(f.leg, f'in the {f.leg} leg')}**: "
+        f"{_code(f.type)} on "
+        f"{_code(f.span)} ({f.service}), {f.at_ms:,.1f} ms after the proxy received it."
+        + (f"  \nMessage: {_code(f.message)}" if f.message else "")
+        + ("" if r.ttft_ms is None else "  \nThe client got its first token before it failed.")
+    )
+
+
 def _segments_table(segments: list, title: str) -> None:
     st.dataframe(
         pd.DataFrame(
@@ -94,6 +117,10 @@ if others:
         else:
             other = chosen
 shown = selection.in_mode_order([req, other])
+
+for r in shown:
+    if getattr(r, "failure", None) is not None:
+        st.error(failure_banner(r))
 
 steps = {r.trace_id: snap.request_steps(r) for r in shown}
 st.plotly_chart(charts.timeline(shown, run.clock_offsets, steps), key="timeline")

@@ -88,8 +88,9 @@ def test_fails_only_old_receives_from_a_producer_that_refuses_twice(
 
 
 def test_receives_without_local_blocks_are_left_alone(dead_port: int):
-    """vLLM 0.32 fails a receive by indexing its local_block_ids[0]: one without local
-    blocks raised IndexError in D's worker and took the engine down (seen in the e2e)."""
+    """vLLM registers an empty receive for a request aborted before D scheduled it, and
+    fails a receive by indexing its local_block_ids[0]: failing an empty one raised
+    IndexError in D's worker and took the engine down (seen in the e2e)."""
     w = _Worker(_recving_metadata={"cached": _Meta(_Remote("127.0.0.1", dead_port), [])})
     watch = ProducerWatch(w, after_s=0.0)
     for t in range(3):

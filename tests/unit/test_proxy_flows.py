@@ -466,15 +466,42 @@ def test_push_prefill_failure_cancels_the_waiting_decode():
     run(scenario)
 
 
-def test_push_decode_failure_cancels_prefill():
+def test_push_decode_failure_lets_prefill_finish():
+    """Push: once D has the request, P's leg runs to its end even when D's leg fails, so
+    P's WRITE lands and a live D frees the blocks it registered (vLLM 0.32 frees them
+    only then). The client still gets its 502 at once."""
+
     async def scenario():
         decode = StubEngine("decode", mode="push", status=500)
-        prefill = StubEngine("prefill", mode="push", hang=True)
+        prefill = StubEngine("prefill", mode="push", head_delay=0.5)
         async with proxy_rig("push", [prefill], [decode]) as rig:
+            t0 = asyncio.get_running_loop().time()
             resp = await rig.client.post("/v1/completions", json=BODY)
             assert resp.status == 502
             assert (await error_of(resp)).startswith("decode leg:")
-            await asyncio.wait_for(prefill.cancelled.wait(), 5)
+            assert asyncio.get_running_loop().time() - t0 < 0.4  # not held for P
+            state = rig.client.app[STATE]
+            await until(lambda: not state.finishing)
+            assert len(prefill.answered_at) == 1 and not prefill.cancelled.is_set()
+
+    run(scenario)
+
+
+def test_push_client_leaving_lets_prefill_finish():
+    async def scenario():
+        prefill = StubEngine("prefill", mode="push", head_delay=1.0)
+        decode = StubEngine("decode", mode="push", hang=True)
+        async with proxy_rig("push", [prefill], [decode]) as rig:
+            with pytest.raises(TimeoutError):
+                await rig.client.post(
+                    "/v1/completions",
+                    json=BODY | {"stream": True},
+                    timeout=aiohttp.ClientTimeout(total=0.3),
+                )
+            await asyncio.wait_for(decode.cancelled.wait(), 5)
+            state = rig.client.app[STATE]
+            await until(lambda: state.metrics.in_flight == 0 and not state.finishing)
+            assert len(prefill.answered_at) == 1 and not prefill.cancelled.is_set()
 
     run(scenario)
 

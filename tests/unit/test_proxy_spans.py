@@ -224,8 +224,11 @@ def test_timeout_marks_upstream_timeout_and_the_cancelled_leg():
 
 
 def test_client_disconnect_is_recorded_on_root_and_legs():
+    """Push: the root and D's leg record the disconnect; P's leg runs to its end after
+    (so that P's WRITE frees the blocks D registered) and records that it finished."""
+
     async def scenario():
-        prefill = StubEngine("prefill", mode="push", hang=True)
+        prefill = StubEngine("prefill", mode="push", head_delay=1.0)
         decode = StubEngine("decode", mode="push", hang=True)
         async with proxy_rig("push", [prefill], [decode]) as rig:
             with pytest.raises(TimeoutError):
@@ -233,9 +236,12 @@ def test_client_disconnect_is_recorded_on_root_and_legs():
                     "/v1/completions", json=BODY, timeout=aiohttp.ClientTimeout(total=0.3)
                 )
             spans = await all_spans(rig, 3)
-        for span in spans.values():
-            assert span.status.status_code == StatusCode.ERROR
-            assert span.attributes[semconv.ERROR_TYPE] == semconv.ERR_CLIENT_DISCONNECT
+        for name in (semconv.SPAN_REQUEST, semconv.SPAN_PROXY_DECODE):
+            assert spans[name].status.status_code == StatusCode.ERROR
+            assert spans[name].attributes[semconv.ERROR_TYPE] == semconv.ERR_CLIENT_DISCONNECT
+        p_leg = spans[semconv.SPAN_PROXY_PREFILL]
+        assert p_leg.status.status_code is not StatusCode.ERROR, p_leg.status.description
+        assert p_leg.end_time > spans[semconv.SPAN_REQUEST].end_time
 
     run(scenario)
 

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from tracedpush import semconv as sc
-from tracedpush.analysis import skew, tpot
+from tracedpush.analysis import failures, skew, tpot
 from tracedpush.analysis import steps as steps_mod
 from tracedpush.analysis._gc import paused_gc
 from tracedpush.analysis.critical_path import critical_path, engine_phases
@@ -161,7 +161,9 @@ def _request(
     problems += [f"missing span {n}" for n in absent]
     problems += [f"missing span {n}" for n in path.missing if n not in absent]
     problems += path.problems
-    error = ix.first_error()
+    found = failures.first_failure(ix, lambda s: ms(s, s.end_ns))
+    failure = found if found is not None and failures.request_failed(ix) else None
+    error = found.describe() if found is not None else None
     if error:
         problems.append(f"failed: {error}")
 
@@ -238,6 +240,8 @@ def _request(
         load_bucket=load_label(n_load, load_buckets) if root is not None else "unknown",
         rendezvous_first=path.rendezvous_first,
         error=error,
+        failure=failure,
+        proxy_seen=root is not None,
         lanes=lanes,
         ttft_attr_ms=attr_ttft,
         engine_phases_ms=engine_phases(ix),

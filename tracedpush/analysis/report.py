@@ -15,6 +15,7 @@ from tracedpush.analysis.compare import (
     describe_group,
     explain_delta,
 )
+from tracedpush.analysis.failures import FailureSummary
 from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
 
 
@@ -71,7 +72,11 @@ def _section(title: str, body: str) -> str:
 
 def render(run: RunAnalysis, *, slowest: int = 10, cmp: Comparison | None = None) -> str:
     cmp = cmp or compare(run)
-    out = [_summary(run), _offsets(run)]
+    out = [_summary(run)]
+    failed = _failures(run.failures())
+    if failed:
+        out.append(failed)
+    out.append(_offsets(run))
     if run.requests:
         out.append(_comparison(cmp))
         overall = cmp.overall
@@ -101,6 +106,7 @@ def _summary(run: RunAnalysis) -> str:
         f"requests: {len(run.requests)} ("
         + ", ".join(f"{m} {n}" for m, n in sorted(modes.items()))
         + f"); complete traces: {complete}",
+        _accounting(run.failures()),
         f"loaded: {st.files} files, {st.lines_read} lines, {st.spans} spans; "
         f"skipped malformed: {st.malformed}; partial lines pending: {st.partial}; "
         f"duplicates dropped: {st.duplicates}"
@@ -111,6 +117,55 @@ def _summary(run: RunAnalysis) -> str:
     if st.errors:
         lines.append(f"last loading problem: {st.errors[-1]}")
     return _section("tracedpush report", "\n".join(lines))
+
+
+def _accounting(f: FailureSummary) -> str:
+    """One line: how many requests failed, where, and what else is not whole."""
+    legs = ", ".join(f"{leg} {n}" for leg, n in f.by_leg().items())
+    return (
+        f"failed: {f.total}"
+        + (f" ({legs})" if legs else "")
+        + f"; answered despite a failed span: {f.recovered}"
+        + f"; incomplete traces (not failed): {f.incomplete}"
+        + f"; without the proxy's span: {f.no_proxy_span}"
+    )
+
+
+def _failures(f: FailureSummary, examples: int = 5) -> str:
+    """Failed requests by (leg, type), the first few with their message; plus requests
+    whose trace lost spans. Empty when every request was answered with a whole trace."""
+    if not f.failed and not f.incomplete:
+        return ""
+    parts = []
+    if f.failed:
+        parts.append(table(["leg", "type", "requests"], [list(t) for t in f.by_leg_and_type()]))
+        shown = f.examples(examples)
+        rows = [
+            [
+                r.request_id[:32],
+                r.trace_id[:16],
+                r.mode,
+                r.failure.leg,
+                r.failure.type,
+                r.failure.span,
+                r.failure.at_ms,
+                " ".join(r.failure.message.split())[:90] or "-",
+            ]
+            for r in shown
+        ]
+        h = ["request", "trace", "mode", "leg", "type", "span", "at ms", "message"]
+        parts.append(
+            f"examples ({len(shown)} of {f.total}; every one is in --format json as "
+            "requests[].failure):\n" + table(h, rows)
+        )
+    if f.incomplete:
+        missing = ", ".join(f"{name} {n}" for name, n in list(f.missing_spans.items())[:8])
+        parts.append(
+            f"{f.incomplete} request(s) the proxy saw did not fail but have an incomplete "
+            "trace" + (f"; missing spans: {missing}" if missing else "")
+        )
+    title = f"Failed requests ({f.total} of {f.requests})"
+    return _section(title, "\n\n".join(parts))
 
 
 def _offsets(run: RunAnalysis) -> str:

@@ -12,7 +12,9 @@ from tracedpush.analysis.compare import compare
 from tracedpush.analysis.model import round_ms
 from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
 
-JSON_VERSION = 2  # bump when docs/report.md's JSON format changes incompatibly
+# bump when docs/report.md's JSON format changes incompatibly; added fields (issue 11's
+# `failure` per request and `failures` per run) keep it
+JSON_VERSION = 2
 
 
 def request_json(r: RequestAnalysis, *, spans: bool = False) -> dict[str, Any]:
@@ -32,6 +34,7 @@ def request_json(r: RequestAnalysis, *, spans: bool = False) -> dict[str, Any]:
         "complete": r.complete,
         "problems": list(r.problems),
         "error": r.error,
+        "failure": None if r.failure is None else r.failure.to_json(),
         "rendezvous_first": r.rendezvous_first,
         "critical_path": [s.to_json() for s in r.critical_path],
         "hidden": [s.to_json() for s in r.hidden],
@@ -58,6 +61,7 @@ def run_json(run: RunAnalysis, *, spans: bool = False) -> dict[str, Any]:
         "load_stats": run.stats.to_json(),
         "clock_offsets_ms": {k: v.to_json() for k, v in run.clock_offsets.items()},
         "requests": [request_json(r, spans=spans) for r in run.requests],
+        "failures": run.failures().to_json(),
         "comparison": compare(run).to_json(),
         "engine_steps": run.engine_steps.summary() if run.engine_steps else {},
         "contention": run.contention().to_json(),

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tracedpush.analysis.failures import Failure, FailureSummary, summarize
 from tracedpush.analysis.model import ClockOffset, LoadStats, Segment, SpanView
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ class RequestAnalysis:
     problems: list[str]
     load_bucket: str = ""  # load bucket label, e.g. "3-4"
     rendezvous_first: str | None = None  # push: "registration" or "prefill"
-    error: str | None = None  # error.type / status message of the first failed span
+    error: str | None = None  # "<span>: <error.type>" of the failure the others followed
     lanes: list[str] = field(default_factory=list)  # lane names in display order
     ttft_attr_ms: float | None = None  # the proxy's own tracedpush.ttft_ms attribute
     # every phase each engine measured, on its own clock, on the critical path or not:
@@ -54,6 +55,10 @@ class RequestAnalysis:
     # TPOT split over D's engine steps in the decode window (tpot.breakdown): {"model
     # forward", "batch sharing", "connector", "scheduling and other": ms}, sums to tpot_ms
     tpot_breakdown_ms: dict[str, float] | None = None
+    # where the request failed (leg, error type, message), when the client did not get a
+    # whole answer; None for a request answered, even despite a failed span (`failures`)
+    failure: Failure | None = None
+    proxy_seen: bool = True  # the trace has the proxy's root span (tracedpush.request)
 
     def phase_ms(self) -> dict[str, float]:
         """Critical-path milliseconds per phase (a phase can occur more than once)."""
@@ -154,6 +159,11 @@ class RunAnalysis:
         """One flat row per request: ids, mode, tokens, TTFT/TPOT, start, load, bucket,
         and ``critical_ms.<phase>`` per phase on the critical path (absent: 0 ms)."""
         return [r.row() for r in self.requests]
+
+    def failures(self) -> FailureSummary:
+        """Failed requests by leg and type, and the requests answered despite a failed
+        span, incomplete, or without the proxy's span (`failures.summarize`)."""
+        return summarize(self.requests)
 
     def contention(self, *, event_cost_us: float | None = None) -> Contention:
         """CPU per engine process and thread, cores, findings (`contention`)."""

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
 from tracedpush import semconv as sc
-from tracedpush.analysis.model import STATUS_ERROR, Span
+from tracedpush.analysis.model import Span
 
 PROXY, PREFILL, DECODE = "proxy", "prefill", "decode"
 
@@ -177,13 +177,6 @@ class TraceIndex:
                         return int(v)
                     except (TypeError, ValueError):
                         continue
-        return None
-
-    def first_error(self) -> str | None:
-        for s in sorted(self.spans, key=lambda s: s.start_ns):
-            if s.status_code == STATUS_ERROR:
-                reason = s.attributes.get(sc.ERROR_TYPE) or s.status_message or "error"
-                return f"{s.name}: {reason}"
         return None
 
 

@@ -87,9 +87,10 @@ class ProducerWatch:
         out = {}
         for rid, meta in items:
             remote = getattr(meta, "remote", None)
-            # vLLM's failure path indexes local_block_ids[0]: a receive without local
-            # blocks (seen after killing P: one such receive crashed D's worker with an
-            # IndexError there) must not be failed; it holds no blocks to free either
+            # A receive without local blocks is the one vLLM's push scheduler registers
+            # for a request aborted before D scheduled it, so that P frees its blocks.
+            # It holds none on D, and vLLM's failure path indexes local_block_ids[0]:
+            # failing one crashed D's worker with an IndexError (seen after killing P)
             if remote is not None and remote.host and remote.port and meta.local_block_ids:
                 out[rid] = (str(remote.host), int(remote.port))
         return out

@@ -105,6 +105,8 @@ class ProxyState:
         self.spans = proxy_spans.ProxySpans(provider, config.mode)
         self.metrics = ProxyMetrics(config.mode)
         self.active_ids: set[str] = set()
+        # push: prefill legs left to finish after their request ended (see push_flow)
+        self.finishing: set[asyncio.Task[Any]] = set()
         self.models = ModelCatalog(vocab_size=config.vocab_size, ttl=config.model_cache_ttl)
         self.upstream: UpstreamClient  # set at startup
         self.monitor: HealthMonitor | None = None
@@ -167,6 +169,7 @@ class Exchange:
         self.client_gone = False
         self.done_sent = False  # the [DONE] sentinel reached the client
         self.tasks: list[asyncio.Task[Any]] = []
+        self.finish_alone: set[asyncio.Task[Any]] = set()  # never cancelled: see push_flow
         self._cancel_causes: dict[asyncio.Task[Any], tuple[str, str]] = {}
 
     # -------------------------------------------------------------- leg plumbing
@@ -456,6 +459,14 @@ async def push_flow(ex: Exchange, p: Instance, d: Instance) -> None:
     p_task = asyncio.create_task(prefill_leg(ex, p), name=f"prefill {ex.request_id}")
     d_task = asyncio.create_task(decode_leg(ex, d, span, kv), name=f"decode {ex.request_id}")
     ex.tasks += [p_task, d_task]
+    # Once D has the request it registers blocks with P and, in vLLM 0.32, frees them
+    # only when P's WRITE lands, even if the request is aborted meanwhile. Cancelling
+    # P's leg aborts P's prefill, so no WRITE ever comes and D holds the blocks for good
+    # (measured: a client leaving before its first token left D's KV in use). So P's
+    # leg is never cancelled in push mode: it runs to its end (bounded by the leg's
+    # timeouts), P pushes the KV, and D lets the blocks go. The cost is the prefill of
+    # a request nobody waits for.
+    ex.finish_alone.add(p_task)
     pending: set[asyncio.Task[Any]] = {p_task, d_task}
     while d_task in pending:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -467,11 +478,7 @@ async def push_flow(ex: Exchange, p: Instance, d: Instance) -> None:
                 raise p_exc
             log.warning("prefill leg failed after decode's first token: %s", p_exc)
     if d_exc := d_task.exception():
-        if isinstance(d_exc, ClientGone):
-            ex.cancel(p_task, *CLIENT_GONE)
-        else:
-            ex.cancel(p_task, semconv.ERR_UPSTREAM, "cancelled: the decode leg failed")
-        raise d_exc
+        raise d_exc  # P's leg finishes alone (see above)
     if not p_task.done():  # D is done, so P's KV arrived; its answer should be too
         remaining = max(0.0, ex.deadline - asyncio.get_running_loop().time())
         await asyncio.wait({p_task}, timeout=remaining)
@@ -639,17 +646,32 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
             proxy_spans.fail(ex.root, *CLIENT_GONE)
         raise
     finally:
-        for task in ex.tasks:
+        legs = [t for t in ex.tasks if t not in ex.finish_alone or t.done()]
+        for task in legs:
             ex.cancel(task, *CLIENT_GONE)
+        for task in set(ex.tasks) - set(legs):
+            _finish_alone(state, task)
         try:
-            if ex.tasks:
-                await asyncio.gather(*ex.tasks, return_exceptions=True)
+            if legs:
+                await asyncio.gather(*legs, return_exceptions=True)
         except asyncio.CancelledError:
             pass  # cancelled again while tidying up: the legs are cancelled already
         finally:
             _finish(ex, failed_leg)  # the root span always ends
             state.metrics.in_flight -= 1
     return ex.response if ex.response is not None else web.Response(status=499)
+
+
+def _finish_alone(state: ProxyState, task: asyncio.Task[Any]) -> None:
+    """Let a leg run to its end after its request has ended, holding a reference to it."""
+    state.finishing.add(task)
+
+    def done(t: asyncio.Task[Any]) -> None:
+        state.finishing.discard(t)
+        if not t.cancelled() and (exc := t.exception()) is not None:
+            log.info("%s, finished after its request: %s", t.get_name(), exc)
+
+    task.add_done_callback(done)
 
 
 async def handle_models(request: web.Request) -> web.StreamResponse:
