@@ -18,7 +18,7 @@ still about to WRITE) never does, since freeing blocks a live P then writes into
 corrupt another request. After two refusals `interval_s` apart, that engine's receives
 go to the worker's failed-receive queue: at its next ``get_finished`` vLLM reports them
 failed, frees the blocks of requests already finished, and handles live ones by its
-``kv_load_failure_policy`` (recompute by default). One log line per producer lost.
+``kv_load_failure_policy`` ("fail" by default: D answers an error). One log line per producer lost.
 
 Not covered: a P restarted on the same port (the connection succeeds, the new process
 knows nothing of the registration).
