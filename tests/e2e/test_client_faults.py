@@ -9,6 +9,7 @@ WRITE lands (proxy/app.py, push_flow).
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 import urllib.parse
@@ -52,6 +53,19 @@ class Stream:
             self.buf += chunk
         return self.events
 
+    def read_to_end(self) -> dict:
+        """Read to `data: [DONE]`; return the usage chunk.
+
+        Counting events would not do: vLLM merges tokens into one event when its API
+        server falls behind (seen in CI: 8 tokens came as fewer events).
+        """
+        while b"data: [DONE]" not in self.buf:
+            chunk = self.sock.recv(65536)
+            assert chunk, f"stream ended without [DONE]: {self.buf[-500:]!r}"
+            self.buf += chunk
+        events = [json.loads(m) for m in re.findall(rb"^data: (\{.*\})\r?$", self.buf, re.M)]
+        return next(e["usage"] for e in reversed(events) if e.get("usage"))
+
     def close(self) -> None:
         self.sock.close()
 
@@ -83,11 +97,13 @@ def test_a_client_that_leaves_costs_the_engines_nothing(pd, mode: str, when: str
             time.sleep(0.1)  # P is prefilling (D has registered, in push mode)
             assert s.events == 0
         else:
-            assert s.read_until(5) == 5  # tokens are flowing from D
+            assert s.read_until(5) >= 5  # tokens are flowing from D
         s.close()
     freed = _wait_idle(engines)
     # the engines are fine afterwards: a whole request goes through
-    after = Stream(pd.proxy_url, body | {"max_tokens": 8, "prompt": "after"}, f"after-{mode}")
-    assert after.read_until(8) == 8
+    after_body = body | {"max_tokens": 8, "prompt": "after"}
+    after_body["stream_options"] = {"include_usage": True}
+    after = Stream(pd.proxy_url, after_body, f"after-{mode}-{time.time_ns()}")
+    assert after.read_to_end()["completion_tokens"] == 8
     after.close()
     print(f"\n{mode}, {when}: KV freed after {freed}")
