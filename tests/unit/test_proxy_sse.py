@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 from tracedpush.proxy.sse import EventSplitter, inspect_chunk, inspect_event
 
@@ -53,3 +54,29 @@ def test_usage_done_and_error_events():
     assert inspect_event(b"data: [DONE]\n\n").done
     assert inspect_event(event({"error": {"message": "boom"}})).error == "boom"
     assert inspect_event(b": keep-alive comment\n\n") == inspect_event(b"data: not json\n\n")
+
+
+def _split_by_definition(chunks: list[bytes]) -> tuple[list[bytes], bytes]:
+    """Events as the SSE rule states them: cut at the earliest blank line, again and again."""
+    buf, out = b"", []
+    for data in chunks:
+        buf += data
+        while found := [(i, s) for s in (b"\n\n", b"\r\n\r\n") if (i := buf.find(s)) >= 0]:
+            index, sep = min(found)
+            out.append(buf[: index + len(sep)])
+            buf = buf[index + len(sep) :]
+    return out, buf
+
+
+def test_splitter_agrees_with_the_definition_on_any_chunking():
+    """Separators straddling chunks, LF and CRLF mixed, runs of blank lines."""
+    rng = random.Random(7)
+    for _ in range(3000):
+        data = bytes(rng.choice(b"ab\r\n") for _ in range(rng.randint(0, 80)))
+        cuts = sorted(rng.sample(range(len(data) + 1), min(len(data) + 1, rng.randint(0, 6))))
+        chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+        splitter = EventSplitter()
+        events = [e for chunk in chunks for e in splitter.feed(chunk)]
+        expected, rest = _split_by_definition(chunks)
+        assert events == expected, (data, cuts)
+        assert splitter.rest() == (rest if rest.strip() else None)

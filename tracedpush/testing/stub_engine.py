@@ -64,6 +64,7 @@ class StubEngine:
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     cancel_count: int = 0
     answered_at: list[float] = field(default_factory=list)  # monotonic, per answer
+    open_streams: int = 0  # SSE answers being written now
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -71,7 +72,13 @@ class StubEngine:
         app.router.add_post("/v1/chat/completions", self._generate)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/stub/state", self._state)
         return app
+
+    async def _state(self, request: web.Request) -> web.Response:
+        """What a test in another process needs to know (not a vLLM route)."""
+        state = {"requests": len(self.requests), "open_streams": self.open_streams}
+        return web.json_response(state | {"cancel_count": self.cancel_count})
 
     # ------------------------------------------------------------------ handlers
     async def _health(self, request: web.Request) -> web.Response:
@@ -198,15 +205,19 @@ class StubEngine:
 
     async def _stream(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for chunk in self.stream_chunks(request.path, body):
-            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-            if self.token_delay:
-                await asyncio.sleep(self.token_delay)
-        await response.write(b"data: [DONE]\n\n")
-        if self.tail_delay:
-            await asyncio.sleep(self.tail_delay)
-        await response.write_eof()
+        self.open_streams += 1
+        try:
+            await response.prepare(request)
+            for chunk in self.stream_chunks(request.path, body):
+                await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                if self.token_delay:
+                    await asyncio.sleep(self.token_delay)
+            await response.write(b"data: [DONE]\n\n")
+            if self.tail_delay:
+                await asyncio.sleep(self.tail_delay)
+            await response.write_eof()
+        finally:
+            self.open_streams -= 1
         self.answered_at.append(time.monotonic())
         return response
 
