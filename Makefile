@@ -13,7 +13,7 @@ ifneq ($(MODEL_DIR),)
 export TRACEDPUSH_MODEL_DIR := $(abspath $(MODEL_DIR))
 endif
 
-.PHONY: help install test check demo model lint format fuzz soak clean distclean
+.PHONY: help install test check demo model lint format fuzz soak dashboards clean distclean
 
 help:
 	@echo "make test      install (first time) and run the whole test suite"
@@ -25,6 +25,7 @@ help:
 	@echo "make format    ruff format + ruff check --fix"
 	@echo "make fuzz      property-based fuzzing of the proxy's request schema (5000 examples)"
 	@echo "make soak      the long fault runs make test leaves out (pull-mode engine kills)"
+	@echo "make dashboards  regenerate the Grafana dashboards (dashboards/*.json) from code"
 	@echo "make clean     remove caches and run/trace outputs; distclean also removes $(VENV)"
 	@echo "Variables: VENV=$(VENV) EXTRAS=$(EXTRAS) PYTEST_ARGS= DEMO_ARGS= MODEL_DIR= FUZZ_EXAMPLES=$(FUZZ_EXAMPLES)"
 
@@ -63,6 +64,11 @@ fuzz: install
 # Long fault runs (pytest marker `soak`), left out of `make test` to keep it under 25 min.
 soak: install
 	$(PY) -m pytest -m soak -s $(PYTEST_ARGS)
+
+# Grafana dashboards are generated (tracedpush/dashboards, grafana-foundation-sdk);
+# tests/unit/test_dashboards.py fails when the committed JSON is stale.
+dashboards: install
+	$(PY) -m tracedpush.dashboards
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .hypothesis runs traces artifacts

@@ -20,11 +20,21 @@ Ordering
 Collection is reordered (stable, otherwise unchanged): tests without ``pd`` first, then
 every ``pd("push")`` test, then every ``pd("pull")`` test. With one deployment alive at a
 time, a session therefore starts each mode's engines at most once.
+
+Figures
+-------
+The ``figures`` fixture records a test's measured figures (``figures.record(name=value)``)
+as one JSON line per test in ``$TRACEDPUSH_FIGURES`` when that is set, and does nothing
+otherwise (tracedpush/testing/figures.py; read by benchmarks/reliability.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+
+from tracedpush.testing.figures import Figures
 
 PD_MODES = ("push", "pull")
 
@@ -55,3 +65,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if pd_mode(item) is not None and item.get_closest_marker("e2e") is None:
             item.add_marker(pytest.mark.e2e)
     items.sort(key=lambda item: rank[pd_mode(item)])
+
+
+_REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Keep each phase's report on the item, for ``figures`` to say how the test went."""
+    outcome = yield
+    report = outcome.get_result()
+    item.stash.setdefault(_REPORTS, {})[report.when] = report
+
+
+def run_outcome(item: pytest.Item) -> str:
+    """The call's outcome (passed, failed, skipped); "error" if setup failed; else "unknown"."""
+    reports = item.stash.get(_REPORTS, {})
+    if "call" in reports:
+        return reports["call"].outcome
+    setup = reports.get("setup")
+    if setup is None:
+        return "unknown"
+    return "error" if setup.failed else setup.outcome
+
+
+@pytest.fixture
+def figures(request: pytest.FixtureRequest) -> Iterator[Figures]:
+    """The test's measured figures: one JSON line in ``$TRACEDPUSH_FIGURES`` if set."""
+    callspec = getattr(request.node, "callspec", None)
+    recorder = Figures.from_env(
+        request.node.nodeid,
+        request.node.originalname,
+        dict(callspec.params) if callspec else None,
+    )
+    yield recorder
+    recorder.write(run_outcome(request.node))

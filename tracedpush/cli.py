@@ -19,6 +19,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("tracedpush.bench.demo", "Run push then pull on a mixed workload; print a table."),
     "report": ("tracedpush.analysis.command", "Analyse traces: critical path, skew, push vs pull."),
     "console": ("tracedpush.console.command", "Serve the Streamlit console on a traces source."),
+    "collect": (
+        "tracedpush.collect.command",
+        "Receive OTLP spans: store, forward, TTFT phase metrics with exemplars.",
+    ),
 }
 
 

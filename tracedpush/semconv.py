@@ -246,3 +246,109 @@ KV_PARAMS_TRACE_KEY: Final = "tracedpush_trace"
 # The engine API server middleware (`tracedpush.connector.http`) adds the moment the
 # HTTP server had the request, in Unix ns, inside that dict.
 TRACE_RECEIVED_NS_KEY: Final = "received_ns"
+
+# ---------------------------------------------------------------------------- metrics
+# Prometheus metric names (docs/metrics.md). Counters are registered without the
+# `_total` suffix, which prometheus_client adds on exposition: query them with it.
+# Engines' /metrics (registered through vLLM's connector Prometheus mechanism, beside
+# vLLM's own labels `model_name` and `engine`):
+METRIC_KV_PHASE: Final = "tracedpush_kv_phase_seconds"  # histogram {mode, role, phase}
+METRIC_KV_FAILURES: Final = "tracedpush_kv_failures"  # counter {mode, role, reason}
+METRIC_KV_BYTES: Final = "tracedpush_kv_bytes"  # counter {mode, role}: bytes moved by NIXL
+# engines' (and collect's) /metrics: spans the process dropped, by DROP_REASONS; the
+# proxy's is tracedpush_proxy_spans_dropped_total, beside its other tracedpush_proxy_*
+METRIC_SPANS_DROPPED: Final = "tracedpush_spans_dropped"  # counter {reason}
+# `tracedpush collect`'s /metrics (from each complete trace's critical path):
+METRIC_TTFT_PHASE: Final = "tracedpush_ttft_phase_seconds"  # histogram {mode, phase}
+METRIC_TTFT: Final = "tracedpush_ttft_seconds"  # histogram {mode}: critical-path TTFT
+METRIC_COLLECT_TRACES: Final = "tracedpush_collect_traces"  # counter {outcome}
+METRIC_COLLECT_SPANS: Final = "tracedpush_collect_spans"  # counter: spans received
+# Buckets of METRIC_KV_PHASE and METRIC_TTFT_PHASE (the same, so the engines' and the
+# critical path's phase histograms line up): phases range from ~100 us (descriptor prep)
+# to seconds (prefill compute on a loaded P, a first-contact handshake).
+PHASE_BUCKETS: Final = (
+    *(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1),
+    *(0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+# label keys
+LABEL_MODE: Final = "mode"  # "push" | "pull"
+LABEL_ROLE: Final = "role"  # "prefill" | "decode"
+LABEL_PHASE: Final = "phase"
+LABEL_REASON: Final = "reason"  # one of KV_FAILURE_REASONS
+LABEL_OUTCOME: Final = "outcome"  # collect: "complete" | "expired"
+# Engine-local KV phases (values of `phase` on METRIC_KV_PHASE). They carry the same
+# names as the report's TTFT phases (tracedpush.analysis.phases) for the same mechanism.
+KV_PHASE_REGISTRATION: Final = "registration"  # push, D: kv.register
+KV_PHASE_REGISTRATION_WAIT: Final = "registration wait"  # push, P: prefill done -> reg. in
+KV_PHASE_RENDEZVOUS: Final = "rendezvous"  # push, P: kv.rendezvous, first input -> second
+KV_PHASE_STEP_HANDOFF: Final = "step handoff"  # push, P: inputs ready -> worker takes it
+KV_PHASE_WRITER_QUEUE: Final = "writer queue"  # push, P: handed_to_writer -> WRITE starts
+KV_PHASE_DESC_PREP: Final = "descriptor prep"  # kv.desc_prep (P in push, D in pull)
+KV_PHASE_WRITE: Final = "WRITE"  # push, P: kv.write
+KV_PHASE_READ: Final = "READ"  # pull, D: kv.read
+KV_PHASE_NOTIFY: Final = "notification counting"  # kv.notify
+KV_PHASE_HANDSHAKE: Final = "handshake"  # kv.handshake
+KV_PHASES: Final = (
+    KV_PHASE_REGISTRATION,
+    KV_PHASE_REGISTRATION_WAIT,
+    KV_PHASE_RENDEZVOUS,
+    KV_PHASE_STEP_HANDOFF,
+    KV_PHASE_WRITER_QUEUE,
+    KV_PHASE_DESC_PREP,
+    KV_PHASE_WRITE,
+    KV_PHASE_READ,
+    KV_PHASE_NOTIFY,
+    KV_PHASE_HANDSHAKE,
+)
+# values of `reason` on METRIC_KV_FAILURES: the error.type of the failed KV span
+KV_FAILURE_REASONS: Final = (
+    ERR_HANDSHAKE,
+    ERR_TRANSFER,
+    ERR_LEASE_EXPIRED,
+    ERR_REGISTRATION_TIMEOUT,
+    ERR_NOTIFY_TIMEOUT,
+)
+# The phase each KV span is observed as on METRIC_KV_PHASE (its duration, when it ended
+# without error). The other phases come from span events: "registration wait",
+# "step handoff" and "writer queue" from kv.rendezvous's events (push, P), "step handoff"
+# on pull D from blocks_allocated to kv.desc_prep's start, "handshake" on push D from
+# kv.register's handshake events.
+KV_SPAN_PHASE: Final = {
+    SPAN_KV_REGISTER: KV_PHASE_REGISTRATION,
+    SPAN_KV_RENDEZVOUS: KV_PHASE_RENDEZVOUS,
+    SPAN_KV_HANDSHAKE: KV_PHASE_HANDSHAKE,
+    SPAN_KV_DESC_PREP: KV_PHASE_DESC_PREP,
+    SPAN_KV_WRITE: KV_PHASE_WRITE,
+    SPAN_KV_READ: KV_PHASE_READ,
+    SPAN_KV_NOTIFY: KV_PHASE_NOTIFY,
+}
+# The phases each (mode, role) engine observes: its histogram series exist from the start.
+KV_PHASES_BY_ROLE: Final = {
+    ("push", "prefill"): (
+        KV_PHASE_REGISTRATION_WAIT,
+        KV_PHASE_RENDEZVOUS,
+        KV_PHASE_STEP_HANDOFF,
+        KV_PHASE_WRITER_QUEUE,
+        KV_PHASE_HANDSHAKE,
+        KV_PHASE_DESC_PREP,
+        KV_PHASE_WRITE,
+    ),
+    ("push", "decode"): (KV_PHASE_REGISTRATION, KV_PHASE_HANDSHAKE, KV_PHASE_NOTIFY),
+    ("pull", "prefill"): (KV_PHASE_NOTIFY,),
+    ("pull", "decode"): (
+        KV_PHASE_STEP_HANDOFF,
+        KV_PHASE_HANDSHAKE,
+        KV_PHASE_DESC_PREP,
+        KV_PHASE_READ,
+    ),
+}
+# engines' /metrics: metric observations lost between our span builder and vLLM's stats
+# (the bounded hand-off was full: nothing drained it for a long time)
+METRIC_OBSERVATIONS_DROPPED: Final = "tracedpush_metric_observations_dropped"  # counter
+# `tracedpush collect` (docs/collect.md): export requests refused as malformed, traces
+# waiting for their spans, and the values of `outcome` on METRIC_COLLECT_TRACES. Its
+# store and forward drops are METRIC_SPANS_DROPPED {reason}.
+METRIC_COLLECT_REJECTED: Final = "tracedpush_collect_rejected"  # counter
+METRIC_COLLECT_PENDING: Final = "tracedpush_collect_pending_traces"  # gauge
+OUTCOME_COMPLETE: Final = "complete"  # assembled and analysed (critical path observed)
+OUTCOME_EXPIRED: Final = "expired"  # incomplete at the trace timeout, or evicted

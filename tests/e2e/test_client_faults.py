@@ -17,6 +17,7 @@ import urllib.parse
 import pytest
 
 from tracedpush.launcher.metrics import metric_sum
+from tracedpush.testing.figures import Figures
 
 MODES = [pytest.param(m, marks=pytest.mark.pd(m), id=m) for m in ("push", "pull")]
 FREED_WITHIN_S = 60.0  # P's KV lease (30 s) in pull mode, plus slack
@@ -86,7 +87,7 @@ def _wait_idle(urls: dict[str, str]) -> dict[str, float]:
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("when", ["before the first token", "mid-stream"])
-def test_a_client_that_leaves_costs_the_engines_nothing(pd, mode: str, when: str):
+def test_a_client_that_leaves_costs_the_engines_nothing(figures: Figures, pd, mode: str, when: str):
     body = {"model": pd.model_name, "prompt": LONG_PROMPT, "stream": True}
     body |= {"max_tokens": 200, "ignore_eos": True}
     engines = {"prefill": pd.prefill_url, "decode": pd.decode_url}
@@ -100,10 +101,17 @@ def test_a_client_that_leaves_costs_the_engines_nothing(pd, mode: str, when: str
             assert s.read_until(5) >= 5  # tokens are flowing from D
         s.close()
     freed = _wait_idle(engines)
+    figures.record(
+        clients=len(streams),
+        prefill_kv_freed_s=freed["prefill"],
+        decode_kv_freed_s=freed["decode"],
+    )
     # the engines are fine afterwards: a whole request goes through
     after_body = body | {"max_tokens": 8, "prompt": "after"}
     after_body["stream_options"] = {"include_usage": True}
     after = Stream(pd.proxy_url, after_body, f"after-{mode}-{time.time_ns()}")
-    assert after.read_to_end()["completion_tokens"] == 8
+    usage = after.read_to_end()
+    figures.record(after_request_tokens=usage["completion_tokens"], after_request_expected=8)
+    assert usage["completion_tokens"] == 8
     after.close()
     print(f"\n{mode}, {when}: KV freed after {freed}")

@@ -30,6 +30,7 @@ from tracedpush.analysis import TraceStore, analyze
 from tracedpush.analysis.steps import EngineSteps
 from tracedpush.launcher.metrics import metric_sum
 from tracedpush.launcher.processes import busy_ports, http_ok, lock_delegation_env
+from tracedpush.testing.figures import Figures
 from tracedpush.testing.net import free_port
 from tracedpush.testing.otlp import HangingEndpoint, OtlpHttpReceiver
 from tracedpush.testing.processes import alive, descendants
@@ -151,6 +152,28 @@ def _stream(
     return out
 
 
+def _answers(results: list[dict], killed_at: float) -> dict[str, int | float | None]:
+    """Figures of the clients cut by a kill: failed, how, how fast, and lost (no answer)."""
+    failed = [r for r in results if r["error"] or r["status"] != 200]
+    return {
+        "requests_failed": len(failed),
+        "failed_with_502": sum(r["status"] == 502 for r in failed),
+        "failed_in_stream": sum(r["status"] == 200 for r in failed),  # SSE error event
+        "answered_within_s": max((r["ended"] - killed_at for r in results), default=None),
+        "failed_answered_within_s": max((r["ended"] - killed_at for r in failed), default=None),
+        # lost: no HTTP answer at all, or none within ANSWER_WITHIN_S of the kill
+        "requests_lost": sum(
+            r["status"] is None or r["ended"] - killed_at > ANSWER_WITHIN_S for r in results
+        ),
+    }
+
+
+def _record_traced(figures: Figures, got: dict[str, Any]) -> None:
+    figures.record(
+        traced_errors=len(got), errors="; ".join(sorted({str(r.error) for r in got.values()}))
+    )
+
+
 def _traced_errors(traces: Path, ids: set[str]) -> dict[str, Any]:
     """The analysed requests `ids` once each one's trace has landed and ends in an error."""
     store = TraceStore.from_path(traces)
@@ -166,7 +189,9 @@ def _traced_errors(traces: Path, ids: set[str]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("mode", KILL_MODES)
-def test_killing_decode_under_load_leaves_prefill_serving(mode: str, tmp_path: Path) -> None:
+def test_killing_decode_under_load_leaves_prefill_serving(
+    mode: str, tmp_path: Path, figures: Figures
+) -> None:
     up = Up(mode, tmp_path)
     try:
         up.wait_for("Press Ctrl-C", 600)
@@ -188,6 +213,15 @@ def test_killing_decode_under_load_leaves_prefill_serving(mode: str, tmp_path: P
                 assert time.monotonic() - killed_at < ANSWER_WITHIN_S + 5, "clients still waiting"
                 time.sleep(0.5)
             results = [f.result() for f in futures]
+        figures.record(
+            requests_in_flight=IN_FLIGHT,
+            **_answers(results, killed_at),
+            failed_naming_decode=sum(
+                "decode" in (r["error"] or "") for r in results if r["error"] or r["status"] != 200
+            ),
+            prefill_probes=len(p_health),
+            prefill_probes_healthy=sum(p_health),
+        )
 
         # every client answered within 30 s, each failure naming the decode leg
         for r in results:
@@ -205,9 +239,11 @@ def test_killing_decode_under_load_leaves_prefill_serving(mode: str, tmp_path: P
             assert time.monotonic() < deadline, f"P still holds KV blocks: usage {usage}"
             time.sleep(1)
         freed_s = time.monotonic() - killed_at
+        figures.record(prefill_kv_freed_s=freed_s)
         # the launcher restarts D while P and the proxy keep running
         up.wait_for(f"decode (pid {decode_pid}) exited unexpectedly", 30)
         up.wait_for("decode is healthy again", 420)
+        figures.record(decode_back_s=time.monotonic() - killed_at)  # to within 0.5 s
         p_pid = up.pid_of("prefill")
         assert alive(p_pid)
         deadline = time.monotonic() + 60
@@ -219,10 +255,12 @@ def test_killing_decode_under_load_leaves_prefill_serving(mode: str, tmp_path: P
                 pool.map(lambda i: _stream(model, f"{prefix}-after-{i}", 8, None), range(16))
             )
         bad = [r for r in after if r["status"] != 200 or r["error"] or r["tokens"] != 8]
+        figures.record(requests_after=len(after), requests_after_ok=len(after) - len(bad))
         assert not bad, bad
 
         # each failed request's trace says where it failed
         got = _traced_errors(tmp_path / "traces", {r["id"] for r in failed})
+        _record_traced(figures, got)
         print(
             f"\n{mode}: {len(failed)}/{IN_FLIGHT} failed, answered "
             f"{max(r['ended'] - killed_at for r in results):.1f} s after the kill at most; "
@@ -238,7 +276,9 @@ DECODE = "http://127.0.0.1:18600"
 
 
 @pytest.mark.parametrize("mode", KILL_MODES)
-def test_killing_a_prefill_mid_transfer_leaves_the_other_serving(mode: str, tmp_path: Path):
+def test_killing_a_prefill_mid_transfer_leaves_the_other_serving(
+    mode: str, tmp_path: Path, figures: Figures
+):
     """2P1D under a closed loop of 8 clients with long prompts; one P is SIGKILLed.
 
     Push: D has registered blocks for the requests P was prefilling, and no WRITE will
@@ -280,6 +320,13 @@ def test_killing_a_prefill_mid_transfer_leaves_the_other_serving(mode: str, tmp_
         # during D's READ (pull), D's own error before any token, once D gave up on the
         # KV (vLLM's kv_load_failure_policy "fail"); everyone else got every token
         failed = [r for r in cut if r["error"] or r["status"] != 200]
+        figures.record(
+            requests_cut=len(cut),
+            **_answers(cut, killed_at),
+            failed_naming_prefill=sum("prefill leg" in (r["error"] or "") for r in failed),
+            failed_decode_gave_up=sum(r["status"] == 200 and r["tokens"] == 0 for r in failed),
+            decode_kv_usage_at_kill=held,
+        )
         assert failed, "killing P failed no request: it was not under load"
         for r in failed:
             assert r["ended"] - killed_at <= ANSWER_WITHIN_S, r
@@ -295,6 +342,7 @@ def test_killing_a_prefill_mid_transfer_leaves_the_other_serving(mode: str, tmp_
             assert time.monotonic() < deadline, f"D still holds KV blocks: usage {usage}"
             time.sleep(0.5)
         freed_s = max(0.0, time.monotonic() - last_end)
+        figures.record(decode_kv_freed_after_last_answer_s=freed_s)
 
         # the surviving P serves the next requests, and the proxy knows the dead one
         with ThreadPoolExecutor(4) as pool:
@@ -302,9 +350,11 @@ def test_killing_a_prefill_mid_transfer_leaves_the_other_serving(mode: str, tmp_
                 pool.map(lambda i: _stream(model, f"{prefix}-after-{i}", 8, None), range(16))
             )
         bad = [r for r in after if r["status"] != 200 or r["error"] or r["tokens"] != 8]
+        figures.record(requests_after=len(after), requests_after_ok=len(after) - len(bad))
         assert not bad, bad
         assert http_ok("http://127.0.0.1:18501/health", timeout=10)
         got = _traced_errors(tmp_path / "traces", {r["id"] for r in failed})
+        _record_traced(figures, got)
         if mode == "push":  # D had registered blocks with the dead P, and let them go
             assert "refuses connections" in (tmp_path / "decode.log").read_text()
         print(
@@ -351,7 +401,7 @@ def _export_drops(traces: Path) -> dict[str, int]:
     return {k: sum(v.values()) for k, (_, v) in latest.items()}
 
 
-def test_a_hanging_collector_never_slows_the_engines(tmp_path: Path) -> None:
+def test_a_hanging_collector_never_slows_the_engines(tmp_path: Path, figures: Figures) -> None:
     """1P1D push exporting OTLP to a collector that answers, then for 60 s accepts
     connections and never answers, then answers again, under a steady closed loop.
 
@@ -399,17 +449,36 @@ def test_a_hanging_collector_never_slows_the_engines(tmp_path: Path) -> None:
                 time.sleep(1)
             stop.set()
         bad = [r for r in done if r["status"] != 200 or r["error"] or r["tokens"] != 48]
+        figures.record(
+            hang_s=HANG_S,
+            requests=len(done),
+            requests_whole=len(done) - len(bad),
+            spans_before_hang=before_hang,
+        )
         assert not bad, bad[:3]
         assert before_hang > 0, "nothing reached the healthy collector"
 
         time.sleep(12)  # the engines' next engine.export records (every 10 s)
         ok_ms = _decode_step_ms(tmp_path / "traces", *healthy)
         hang_ms = _decode_step_ms(tmp_path / "traces", *hung)
+        figures.record(decode_steps_healthy=len(ok_ms), decode_steps_hang=len(hang_ms))
         assert len(ok_ms) > 50 and len(hang_ms) > 50, (len(ok_ms), len(hang_ms))
         ok_p50, hang_p50 = ok_ms[len(ok_ms) // 2], hang_ms[len(hang_ms) // 2]
+        figures.record(
+            decode_step_p50_healthy_ms=ok_p50,
+            decode_step_p50_hang_ms=hang_p50,
+            step_p50_ratio=hang_p50 / ok_p50,
+        )
         assert hang_p50 <= 1.5 * ok_p50, (ok_p50, hang_p50)  # within this machine's noise
         drops = _export_drops(tmp_path / "traces")
+        figures.record(
+            engine_processes_counting=len(drops),
+            spans_dropped_min=min(drops.values(), default=None),
+            spans_dropped_max=max(drops.values(), default=None),
+            spans_dropped_total=sum(drops.values()),
+        )
         assert any(drops.values()), drops
+        figures.record(spans_after_recovery=len(collector.names))
         print(
             f"\nhung collector: D's step p50 {ok_p50:.2f} ms healthy, {hang_p50:.2f} ms during "
             f"the {HANG_S:.0f} s hang (x{hang_p50 / ok_p50:.2f}); OTLP drops counted {drops}; "

@@ -37,6 +37,7 @@ import pytest
 from aiohttp import web
 
 from tracedpush.launcher.metrics import metric_sum
+from tracedpush.testing.figures import Figures
 from tracedpush.testing.net import free_port
 from tracedpush.testing.stub_engine import StubEngine
 
@@ -224,7 +225,7 @@ class SlowReaders:
 
 @pytest.mark.parametrize("mode", ["pull", "push"])
 def test_200_slow_readers_cost_the_proxy_little_and_the_other_clients_nothing(
-    mode: str, tmp_path: Path
+    mode: str, tmp_path: Path, figures: Figures
 ) -> None:
     with (
         stub_engines(mode) as (p_url, d_url),
@@ -260,6 +261,18 @@ def test_200_slow_readers_cost_the_proxy_little_and_the_other_clients_nothing(
             time.sleep(0.1)
         released_s = 15 - (deadline - time.monotonic())
 
+    figures.record(
+        slow_readers=SLOW_READERS,
+        streaming=streaming,
+        in_flight=in_flight,
+        proxy_rss_growth_mb=rss,
+        proxy_cpu_cores=cpu,
+        proxy_cpu_wall_s=proc_wall,
+        fast_ttft_p50_alone_ms=alone * 1e3,
+        fast_ttft_p50_beside_ms=beside * 1e3,
+        fast_ttft_ratio=beside / alone,
+        released_s=released_s,
+    )
     print(
         f"\n{mode}: {SLOW_READERS} slow readers: {streaming} streaming and {in_flight:.0f} in "
         f"flight 1.5 s after they connected; proxy RSS +{rss:.1f} MB, CPU {cpu:.2f} of a "

@@ -15,6 +15,11 @@ Worker side: `bind_connector_metadata`, `start_load_kv`, `get_finished` /
 `get_transfer_results` (public), the NIXL agent tap (`tap.py`), and two private seams
 checked by `version.py`: `_nixl_handshake` (handshake timing) and, in push mode,
 `_do_start_push_kv` (the rendezvous moment on P's writer thread).
+
+Metrics (both sides, and the API server): `get_kv_connector_stats` adds the span
+builder's observations to NIXL's stats; the class methods `build_kv_connector_stats` and
+`build_prom_metrics` give vLLM's API server our stats and Prometheus metrics beside
+NIXL's (`metrics.py`, docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ from typing import Any
 from tracedpush import semconv
 from tracedpush.connector import version
 from tracedpush.connector.config import TracedConfig
+from tracedpush.connector.metrics import TracedKVConnectorStats, TracedPromMetrics, collect_stats
 from tracedpush.connector.tap import NixlAgentTap
 from tracedpush.telemetry import events as ev
 from tracedpush.telemetry.builder import BuilderConfig
 from tracedpush.telemetry.export import SpanSink, build_exporters, make_resource
+from tracedpush.telemetry.observations import Observations
 from tracedpush.telemetry.pipeline import Pipeline
 from tracedpush.telemetry.threads import native_thread_ids, python_thread_ids
 
@@ -56,6 +63,7 @@ class TracedConnectorMixin:
         self._tp_nixl_tids = native_thread_ids() - before - python_thread_ids()
         self._tp_pipeline: Pipeline | None = None
         self._tp_record = None
+        self._tp_obs: Observations | None = None  # builder -> get_kv_connector_stats
         self._tp_outbox: list[tuple] = []
         self._tp_await_sched: set[str] = set()
         self._tp_seq = 0  # scheduler: engine steps scheduled
@@ -97,6 +105,7 @@ class TracedConnectorMixin:
             {semconv.RES_VLLM_VERSION: vllm_version, "tracedpush.side": side},
         )
         stem = f"{service}-{side}{rank if side == 'worker' else ''}"
+        observations = Observations()
         sink = SpanSink(build_exporters(config.traces_dir, stem))
         builder_config = BuilderConfig(
             mode=self._TRACEDPUSH_MODE,
@@ -114,7 +123,9 @@ class TracedConnectorMixin:
             interval_s=config.interval_ms / 1000,
             sample_threads=config.sample_threads,
             thread_roles=dict.fromkeys(self._tp_nixl_tids if worker is not None else (), "nixl"),
+            observations=observations,
         )
+        self._tp_obs = observations
         record = self._tp_record = self._tp_pipeline.record
         if worker is not None:
             worker.nixl_wrapper = NixlAgentTap(worker.nixl_wrapper, record)
@@ -291,10 +302,42 @@ class TracedConnectorMixin:
         self._tp_ns[2] += time_ns() - t0
 
     def get_kv_connector_stats(self) -> Any:
+        """NIXL's stats plus the builder's metric observations (both sides: vLLM calls
+        it on the model runner and on the scheduler every step). Only drains a deque."""
         t0 = time_ns()
         stats = super().get_kv_connector_stats()  # type: ignore[misc]
+        try:
+            stats = collect_stats(stats, self._tp_obs)
+        except Exception:
+            pass
         self._tp_ns[4] += time_ns() - t0
         return stats
+
+    # ------------------------------------------------ API server: /metrics
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> Any:
+        """Rebuild the payload `get_kv_connector_stats` produced (NIXL's keys and ours)."""
+        return TracedKVConnectorStats(data=data) if data is not None else TracedKVConnectorStats()
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: Any,
+        metric_types: dict[Any, Any],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> Any:
+        """NIXL's `vllm:nixl_*` metrics and ours (docs/metrics.md). The API server knows
+        this engine's mode and role only from its config: our class and `kv_role`."""
+        ktc = vllm_config.kv_transfer_config
+        return TracedPromMetrics(
+            vllm_config,
+            metric_types,
+            labelnames,
+            per_engine_labelvalues,
+            mode=cls._TRACEDPUSH_MODE,
+            role=_role_for(ktc.kv_role if ktc is not None else None),
+        )
 
     def clear_connector_metadata(self) -> None:
         t0 = time_ns()

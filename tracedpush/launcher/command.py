@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tracedpush.envs import env_int, env_str
+from tracedpush.envs import env_bool, env_int, env_str
 from tracedpush.launcher.deployment import Deployment, DeploymentConfig, default_run_dir
 from tracedpush.launcher.processes import LaunchError, stop_on_sigterm
 from tracedpush.launcher.supervise import ON_EXIT, Supervisor
@@ -124,6 +124,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "stop everything (fail fast, for scripts), or keep the others running "
         "[TRACEDPUSH_ON_EXIT]",
     )
+    collect = parser.add_argument_group("collector (tracedpush collect; docs/collect.md)")
+    collect.add_argument(
+        "--collect",
+        action=argparse.BooleanOptionalAction,
+        default=env_bool("TRACEDPUSH_COLLECT", False),
+        help="also start `tracedpush collect`: the engines and the proxy export OTLP/HTTP "
+        "to it instead of writing trace files, it writes the traces dir and serves "
+        "TTFT phase histograms with trace exemplars on /metrics [TRACEDPUSH_COLLECT]",
+    )
+    collect.add_argument(
+        "--collect-port",
+        type=int,
+        default=env_int("TRACEDPUSH_COLLECT_OTLP_HTTP_PORT", 4318),
+        help="collect's OTLP/HTTP port [TRACEDPUSH_COLLECT_OTLP_HTTP_PORT]",
+    )
+    collect.add_argument(
+        "--collect-metrics-port",
+        type=int,
+        default=env_int("TRACEDPUSH_COLLECT_METRICS_PORT", 9464),
+        help="collect's /metrics port [TRACEDPUSH_COLLECT_METRICS_PORT]",
+    )
+    collect.add_argument(
+        "--collect-forward",
+        metavar="URL",
+        default=env_str("TRACEDPUSH_COLLECT_FORWARD"),
+        help="collect forwards every span to this OTLP/HTTP endpoint, e.g. a Jaeger's "
+        "http://127.0.0.1:4318 (then give --collect-port another port) "
+        "[TRACEDPUSH_COLLECT_FORWARD]",
+    )
     parser.add_argument(
         "--engine-arg",
         action="append",
@@ -153,6 +182,10 @@ def config_from_args(args: argparse.Namespace) -> DeploymentConfig:
         startup_timeout=args.startup_timeout,
         start_proxy=not args.no_proxy,
         engine_args=tuple(args.engine_arg),
+        collect=args.collect,
+        collect_port=args.collect_port,
+        collect_metrics_port=args.collect_metrics_port,
+        collect_forward=args.collect_forward,
     )
 
 

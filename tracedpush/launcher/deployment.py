@@ -77,6 +77,13 @@ class DeploymentConfig:
     proxy_args: tuple[str, ...] = ()
     start_proxy: bool = True
     env: dict[str, str] = field(default_factory=dict)  # extra env for every process
+    # `tracedpush collect` in front of the trace store: the engines and the proxy export
+    # OTLP/HTTP to it and write no files; it writes the store and serves /metrics
+    collect: bool = False
+    collect_port: int = 4318  # its OTLP/HTTP port
+    collect_metrics_port: int = 9464
+    collect_forward: str | None = None  # its --forward (e.g. Jaeger's http://host:4318)
+    collect_args: tuple[str, ...] = ()
 
 
 def _resolve(config: DeploymentConfig, log: Log) -> DeploymentConfig:
@@ -84,6 +91,8 @@ def _resolve(config: DeploymentConfig, log: Log) -> DeploymentConfig:
         raise ValueError(f"mode must be 'push' or 'pull', not {config.mode!r}")
     if config.num_prefill < 1 or config.num_decode < 1:
         raise ValueError("need at least one prefill and one decode engine")
+    if config.collect and not config.trace:
+        raise ValueError("collect needs tracing: drop --no-trace (trace=False)")
     if config.trace and not servers.traced_connectors_available():
         raise LaunchError(
             f"{servers.TRACED_CONNECTOR_MODULE} is not importable, so the engines cannot load "
@@ -198,11 +207,24 @@ class Deployment:
         return self.config.traces_dir
 
     @property
+    def collect_url(self) -> str | None:
+        """`tracedpush collect`'s OTLP/HTTP base URL, when the deployment runs it."""
+        c = self.config
+        return f"http://{_display(c.host)}:{c.collect_port}" if c.collect else None
+
+    @property
+    def collect_metrics_url(self) -> str | None:
+        c = self.config
+        return f"http://{_display(c.host)}:{c.collect_metrics_port}/metrics" if c.collect else None
+
+    @property
     def logs(self) -> dict[str, Path]:
         """Log file per process name (prefill, decode, proxy; prefill-1... for xPyD)."""
         names = [e.name for e in self.engines]
         if self.config.start_proxy:
             names.append("proxy")
+        if self.config.collect:
+            names.append(servers.COLLECT_SERVICE_NAME)
         return {n: self.run_dir / f"{n}.log" for n in names}
 
     def ports(self) -> dict[int, str]:
@@ -213,6 +235,9 @@ class Deployment:
             ports[e.side_channel_port] = f"{e.name} NIXL side channel"
         if self.config.start_proxy:
             ports[self.config.proxy_port] = "proxy"
+        if self.config.collect:
+            ports[self.config.collect_port] = "collect OTLP/HTTP"
+            ports[self.config.collect_metrics_port] = "collect /metrics"
         return ports
 
     def urls(self) -> dict[str, str]:
@@ -223,6 +248,11 @@ class Deployment:
         for e in self.engines:
             out[e.name] = e.url
             out[f"{e.name} metrics"] = f"{e.url}/metrics"
+        if self.config.collect:
+            out["collect OTLP/HTTP"] = f"{self.collect_url}/v1/traces"
+            out["collect metrics"] = str(self.collect_metrics_url)
+            if self.config.collect_forward:
+                out["collect forwards to"] = self.config.collect_forward
         out["run dir (logs)"] = str(self.run_dir)
         out["traces dir"] = str(self.traces_dir) if self.config.trace else "(tracing off)"
         return out
@@ -265,6 +295,15 @@ class Deployment:
         if c.trace:
             self.traces_dir.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
+        if c.collect:  # first: the engines export to it from their first span
+            collect, env = self.collect_process()
+            collect.start(env, cwd=self.run_dir)
+            self.processes.append(collect)
+            self.log(
+                f"collect: pid {collect.pid}, OTLP/HTTP {self.collect_url}, "
+                f"metrics {self.collect_metrics_url}, log {collect.log_path}"
+            )
+            wait_healthy([collect], 60.0, self._progress(t0))
         self.log(
             f"starting {c.num_prefill}P{c.num_decode}D in {c.mode} mode "
             f"({'traced' if c.trace else 'untraced'} connectors), model {self.model}"
@@ -305,11 +344,12 @@ class Deployment:
             self.model_name,
             c.max_model_len,
             c.trace,
-            self.traces_dir if c.trace else None,
+            # with collect the engines write no files: they export to it (`_otlp_env`)
+            self.traces_dir if c.trace and not c.collect else None,
             c.engine_args,
             kv_extra_config=c.kv_extra_config,
         )
-        env = {**servers.engine_env(e), **c.env}
+        env = {**servers.engine_env(e), **self._otlp_env(), **c.env}
         proc = ManagedProcess(
             e.name,
             argv,
@@ -331,6 +371,7 @@ class Deployment:
             c.proxy_port,
             self.traces_dir if c.trace else None,
             c.proxy_args,
+            trace_files=not c.collect,
         )
         proxy = ManagedProcess(
             "proxy",
@@ -339,7 +380,32 @@ class Deployment:
             ports=(c.proxy_port,),
             health_url=f"{self.proxy_url}/health",
         )
-        return proxy, {**servers.common_env(), **c.env}
+        return proxy, {**servers.common_env(), **self._otlp_env(), **c.env}
+
+    def _otlp_env(self) -> dict[str, str]:
+        """With collect: engines and proxy export OTLP to it and write no trace files."""
+        return servers.otlp_env(self.collect_url) if self.collect_url else {}
+
+    def collect_process(self) -> tuple[ManagedProcess, dict[str, str]]:
+        """The (not yet started) `tracedpush collect` and its environment; not pinned."""
+        c = self.config
+        argv = servers.collect_argv(
+            c.host,
+            c.collect_port,
+            c.collect_metrics_port,
+            self.traces_dir,
+            c.collect_forward,
+            c.collect_args,
+        )
+        name = servers.COLLECT_SERVICE_NAME
+        proc = ManagedProcess(
+            name,
+            argv,
+            self.logs[name],
+            ports=(c.collect_port, c.collect_metrics_port),
+            health_url=f"http://{_display(c.host)}:{c.collect_metrics_port}/health",
+        )
+        return proc, {**servers.common_env(), **c.env}
 
     def respawn(self, proc: ManagedProcess) -> None:
         """Start one of this deployment's processes again (the caller cleared the old one).
@@ -413,6 +479,11 @@ class Deployment:
                 self._lock.release()
                 self._locked = False
             _unblock_signals(blocked)
+
+
+def _display(host: str) -> str:
+    """An address to connect to for a bind address (0.0.0.0 -> 127.0.0.1)."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
 
 
 def _cores_note(proc: ManagedProcess, env: dict[str, str]) -> str:

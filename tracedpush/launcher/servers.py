@@ -206,11 +206,14 @@ def proxy_argv(
     extra_args: tuple[str, ...] = (),
     python: str = sys.executable,
     flags: set[str] | None = None,
+    trace_files: bool = True,
 ) -> list[str]:
     """`tracedpush proxy` with every engine URL and each P's NIXL coordinates explicit.
 
     Coordinates ride in the URL fragment (``#engine_id=...,host=...,port=...``) so the
     proxy sends P and D in parallel from the very first push request.
+    ``trace_files=False`` (traced, ``traces_dir`` given): the proxy writes no trace files
+    and exports over OTLP only (`tracedpush up --collect`).
     """
     flags = proxy_flags() if flags is None else flags
     argv = [python, "-m", "tracedpush", "proxy", "--mode", mode, "--port", str(port)]
@@ -226,7 +229,9 @@ def proxy_argv(
     for d in decodes:
         argv += ["--decode", f"{d.url}#engine_id={d.engine_id}"]
     if traces_dir is not None:
-        if "--traces" in flags:
+        if not trace_files:
+            argv += [f for f in ("--no-trace-files",) if f in flags]
+        elif "--traces" in flags:
             argv += ["--traces", str(traces_dir)]
     else:  # untraced run: no trace context in kv_transfer_params, no proxy trace files
         argv += [f for f in ("--no-trace-context", "--no-trace-files") if f in flags]
@@ -242,3 +247,55 @@ def traced_connectors_available() -> bool:
     except (ImportError, ValueError):
         return False
     return spec is not None and spec.origin is not None
+
+
+COLLECT_SERVICE_NAME = "collect"
+
+
+def collect_argv(
+    host: str,
+    http_port: int,
+    metrics_port: int,
+    traces_dir: Path,
+    forward: str | None = None,
+    extra_args: tuple[str, ...] = (),
+    python: str = sys.executable,
+) -> list[str]:
+    """`tracedpush collect` for a local deployment: OTLP/HTTP only (every process `up`
+    starts exports over HTTP; no gRPC port to collide with a local Jaeger's 4317)."""
+    argv = [
+        python,
+        "-m",
+        "tracedpush",
+        "collect",
+        "--traces",
+        str(traces_dir),
+        "--host",
+        host,
+        "--otlp-http-port",
+        str(http_port),
+        "--otlp-grpc-port",
+        "0",
+        "--metrics-port",
+        str(metrics_port),
+    ]
+    if forward:
+        argv += ["--forward", forward]
+    return [*argv, *extra_args]
+
+
+def otlp_env(endpoint: str) -> dict[str, str]:
+    """What makes an engine or the proxy export to `tracedpush collect` only: OTLP/HTTP
+    to `endpoint`, and no trace files (an empty TRACEDPUSH_TRACES_DIR: the connector and
+    the proxy fall back to that variable when given no directory)."""
+    endpoint = endpoint.rstrip("/")
+    return {
+        # the traces-specific variables win over the generic ones in the SDK: set both,
+        # so a user's OTEL_EXPORTER_OTLP_TRACES_* cannot send the spans elsewhere
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{endpoint}/v1/traces",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "TRACEDPUSH_TRACES_DIR": "",
+    }

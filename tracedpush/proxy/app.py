@@ -35,7 +35,7 @@ from tracedpush.proxy.errors import (
     sse_error_event,
 )
 from tracedpush.proxy.fields import json_shape_problem, short
-from tracedpush.proxy.metrics import ProxyMetrics
+from tracedpush.proxy.metrics import ProxyMetrics, sink_drop_stats
 from tracedpush.proxy.models import (
     MODEL_CACHE_TTL_S,
     ModelCard,
@@ -103,7 +103,7 @@ class ProxyState:
         self.prefill = Pool("prefill", [Instance.from_spec(s) for s in config.prefill])
         self.decode = Pool("decode", [Instance.from_spec(s) for s in config.decode])
         self.spans = proxy_spans.ProxySpans(provider, config.mode)
-        self.metrics = ProxyMetrics(config.mode)
+        self.metrics = ProxyMetrics(config.mode, sink_drop_stats(provider))
         self.active_ids: set[str] = set()
         # push: prefill legs left to finish after their request ended (see push_flow)
         self.finishing: set[asyncio.Task[Any]] = set()
@@ -160,6 +160,7 @@ class Exchange:
         self.response: web.StreamResponse | None = None
         self.status: int | None = None
         self.first_token_ns: int | None = None  # first token written to the client
+        self.last_token_ns: int | None = None  # last token written (streamed; for TPOT)
         self.decode_token_ns: int | None = None  # first token received from D
         self.last_byte_ns: int | None = None
         self.prefill_done_ns: int | None = None
@@ -244,6 +245,7 @@ class Exchange:
             raise ClientGone(str(exc)) from None
         if has_token:
             self.mark_first_token(sent_ns)
+            self.last_token_ns = sent_ns
         if done:
             # The client has its whole answer; it may hang up before our EOF.
             self.done_sent = True
@@ -616,6 +618,8 @@ def _finish(ex: Exchange, failed_leg: str | None) -> None:
         root.set_attribute(semconv.TTFT_MS, (ex.first_token_ns - ex.receipt_ns) / 1e6)
     root.end(end_time=ex.last_byte_ns)
     state.metrics.finished(499 if ex.client_gone else status, failed_leg)
+    if status == 200 and not ex.client_gone:
+        state.metrics.observe_tpot(ex.first_token_ns, ex.last_token_ns, output)
     state.active_ids.discard(ex.request_id)
 
 

@@ -8,7 +8,8 @@ phase spans. Both also emit their process's `engine.steps` and `engine.threads`.
 The pieces, along vLLM's own lines: `request_state` (per-request state and one handler
 per event type), `engine_spans` / `push_emitter` / `pull_emitter` (the one emitter this
 process needs, picked here at construction), `process_spans` (steps and threads),
-`span_factory` (ids, attributes, status).
+`span_factory` (ids, attributes, status). With an `observations.SpanObserver`, every
+span a request gets is also read into metric observations for the engine's /metrics.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tracedpush.telemetry import events as ev
 from tracedpush.telemetry.emitter import Emitter
 from tracedpush.telemetry.engine_spans import EngineSpanEmitter
 from tracedpush.telemetry.events import named
+from tracedpush.telemetry.observations import SpanObserver
 from tracedpush.telemetry.process_spans import ProcessSpans
 from tracedpush.telemetry.pull_emitter import PullDecodeEmitter, PullPrefillEmitter
 from tracedpush.telemetry.push_emitter import PushDecodeEmitter, PushPrefillEmitter
@@ -41,9 +43,12 @@ class SpanBuilder:
         config: BuilderConfig,
         resource: Resource,
         emit: Callable[[list[ReadableSpan]], None],
+        observer: SpanObserver | None = None,
     ) -> None:
         self.cfg = config
         self.emit = emit
+        self.observer = observer  # metric observations from the spans (observations.py)
+        self.observer_errors = 0
         self.spans = SpanFactory(config, resource)
         self.tracker = RequestTracker(config.tp_size)
         self.emitter = emitter_for(self.spans, self.tracker.handshakes)
@@ -146,7 +151,13 @@ class SpanBuilder:
                 self.orphans += 1
                 return
             req.set_context(None)
+        first = len(out)
         self.emitter.emit(req, out, final)
+        if self.observer is not None and len(out) > first:
+            try:
+                self.observer.on_spans(req, out[first:])
+            except Exception:  # a metrics bug must not cost the spans
+                self.observer_errors += 1
 
 
 def emitter_for(spans: SpanFactory, handshakes: list[Handshake]) -> Emitter:

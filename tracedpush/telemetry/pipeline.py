@@ -10,6 +10,11 @@ at shutdown, it writes the sink's export and drop counters into the trace store 
 the traces are. If the builder ever falls `max_backlog` events behind, the oldest
 events are discarded and counted rather than letting memory grow; nothing ever blocks
 the recording thread.
+
+With `observations`, the builder also reads each KV span into metric observations
+(`telemetry.observations`), and each sweep adds the spans the sink dropped since the
+previous one, by reason: the connector's `get_kv_connector_stats` drains them into
+vLLM's connector metrics (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 
+from tracedpush import semconv
 from tracedpush.telemetry.builder import BuilderConfig, SpanBuilder
 from tracedpush.telemetry.events import Recorder
 from tracedpush.telemetry.export import SpanSink
+from tracedpush.telemetry.observations import SPANS_DROPPED, Observations, SpanObserver
 from tracedpush.telemetry.threads import name_os_thread
 
 log = logging.getLogger("tracedpush.pipeline")
@@ -43,11 +50,19 @@ class Pipeline:
         max_backlog: int = 1_000_000,
         sample_threads: bool = False,
         thread_roles: dict[int, str] | None = None,
+        observations: Observations | None = None,
     ) -> None:
         self.recorder = Recorder()
         self.record = self.recorder.record
         self.sink = sink
-        self.builder = SpanBuilder(config, resource, sink.emit)
+        self.observations = observations
+        self._drops_seen: dict[str, int] = {}  # sink drops already observed, by reason
+        observer = (
+            SpanObserver(config.mode, config.role, observations)
+            if observations is not None
+            else None
+        )
+        self.builder = SpanBuilder(config, resource, sink.emit, observer)
         self.interval_s = interval_s
         self.sweep_every_s = sweep_every_s
         self.export_stats_every_s = export_stats_every_s
@@ -75,6 +90,7 @@ class Pipeline:
                 last_sweep = time.monotonic()
                 with self._lock:
                     self._guard(self.builder.sweep)
+                    self._guard(self.observe_drops)
                     if self.sample_threads:
                         self._guard(
                             self.builder.sample_threads,
@@ -98,6 +114,22 @@ class Pipeline:
             self.events_recorded += len(events)
             if events:
                 self._guard(self.builder.feed, events)
+
+    def observe_drops(self) -> None:
+        """Hand the spans the sink dropped since the last call, by reason (summed over
+        the exporters), to the metrics as deltas."""
+        if self.observations is None:
+            return
+        totals = dict.fromkeys(semconv.DROP_REASONS, 0)
+        for worker in self.sink.stats().values():
+            for reason, n in worker["dropped_by_reason"].items():
+                totals[reason] = totals.get(reason, 0) + n
+        seen = self._drops_seen
+        for reason, n in totals.items():
+            delta = n - seen.get(reason, 0)
+            if delta > 0:
+                self.observations.put((SPANS_DROPPED, reason, delta))
+                seen[reason] = n
 
     def emit_export_stats(self, force: bool = False) -> None:
         """One `engine.export` span with the sink's counters, if spans were built or lost
@@ -137,6 +169,8 @@ class Pipeline:
             "spans_built": self.builder.spans_built,
             "open_requests": self.builder.open_requests,
             "orphan_requests": self.builder.orphans,
+            "observations_dropped": self.observations.dropped if self.observations else 0,
+            "observer_errors": self.builder.observer_errors,
             "exporters": self.sink.stats(),
         }
 

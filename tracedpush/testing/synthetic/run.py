@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.sdk.trace import ReadableSpan
+
 from tracedpush import semconv as sc
 from tracedpush.analysis._gc import paused_gc
 from tracedpush.testing.synthetic.deployment import (
@@ -35,6 +37,9 @@ class SyntheticRun:
     files: dict[str, list[dict[str, Any]]]
     requests: list[SyntheticRequest]
     clock_offsets_ms: dict[str, float] = field(default_factory=dict)
+    # the same spans as SDK `ReadableSpan`s per file (one process each, export order),
+    # for feeding real exporters (OTLP to `tracedpush collect`)
+    spans: dict[str, list[ReadableSpan]] = field(default_factory=dict)
 
     @property
     def documents(self) -> list[dict[str, Any]]:
@@ -107,6 +112,7 @@ def generate(
     host_of = {**DEFAULT_HOSTS, **(hosts or {})}
     em = Emitter(rng, int(start_unix_s * 1e9), offsets_ns)
     files: dict[str, list[dict[str, Any]]] = {}
+    spans: dict[str, list[ReadableSpan]] = {}
     requests: list[SyntheticRequest] = []
     per_mode = [n_requests // len(modes) + (i < n_requests % len(modes)) for i in range(len(modes))]
     t0 = 0.0
@@ -140,8 +146,10 @@ def generate(
             )
         for key, proc in procs.items():
             if proc.spans:
-                files[f"{mode}/{proc.service}-{key}-{proc.pid}.jsonl"] = proc.lines(batch)
-    return SyntheticRun(files, requests, dict(clock_offsets_ms or {}))
+                name = f"{mode}/{proc.service}-{key}-{proc.pid}.jsonl"
+                files[name] = proc.lines(batch)
+                spans[name] = sorted(proc.spans, key=lambda s: s.end_time or 0)
+    return SyntheticRun(files, requests, dict(clock_offsets_ms or {}), spans)
 
 
 def _request(

@@ -1,0 +1,145 @@
+"""The dashboards, proven on a real Prometheus over the real 1P1D (issue 10, item 4).
+
+The shared deployment runs as `tracedpush up --collect` does: engines and proxy export
+OTLP to `tracedpush collect`, which writes the trace store and serves the critical
+path's per-phase histograms with trace-id exemplars. A real Prometheus (Debian's) scrapes
+the engines (vLLM's metrics and the connector's `tracedpush_kv_*`), the proxy and
+collect, every second, with exemplar storage on. Then every query of every panel of
+every generated dashboard is run through Prometheus' HTTP API, and every exemplar's
+trace id is looked up in the trace store. Before that, the connector's WRITE (push) or
+READ (pull) histogram must count as many transfers as vLLM's own
+`vllm:nixl_xfer_time_seconds` on the same engine.
+
+Each mode is one test; a query counts as having data if it returned a series in either
+mode (a READ panel has data only in pull, a WRITE panel only in push). The pull test,
+which runs last, asserts that every panel has data: panels-with-data / panels = 100%.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tracedpush import semconv
+from tracedpush.launcher import Deployment
+from tracedpush.launcher.metrics import metric_sum
+from tracedpush.testing.prometheus import panel_targets, run_prometheus
+
+MODES = [pytest.param(m, marks=pytest.mark.pd(m), id=m) for m in ("push", "pull")]
+DASHBOARDS = sorted((Path(__file__).parents[2] / "dashboards").glob("*.json"))
+REQUESTS = 16
+# (dashboard, panel title, query index) -> series returned, per mode
+SERIES: dict[tuple[str, str, int], dict[str, int]] = {}
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+
+def _post(url: str, body: dict, request_id: str) -> None:
+    req = urllib.request.Request(
+        url + "/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "X-Request-Id": request_id},
+    )
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        assert resp.status == 200
+        resp.read()
+
+
+def drive(pd: Deployment) -> list[str]:
+    """REQUESTS completions, streamed and not, prompts of several lengths, 4 at a time."""
+    ids = [f"prom-{pd.mode}-{i}-{uuid.uuid4().hex[:6]}" for i in range(REQUESTS)]
+
+    def one(i: int) -> None:
+        prompt = "tracing the KV handoff " * (5 + 40 * (i % 4))
+        body = {"model": pd.model_name, "prompt": prompt, "max_tokens": 8, "stream": i % 2 == 0}
+        _post(pd.proxy_url, body, ids[i])
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(one, range(REQUESTS)))
+    return ids
+
+
+def store_trace_ids(traces_dir: Path) -> set[str]:
+    ids: set[str] = set()
+    for path in traces_dir.rglob("*.jsonl"):
+        ids.update(re.findall(r'"traceId":\s*"([0-9a-f]{32})"', path.read_text()))
+    return ids
+
+
+def host_port(url: str) -> str:
+    return url.split("://", 1)[1].split("/", 1)[0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_panel_has_data_and_every_exemplar_is_a_stored_trace(pd, mode: str) -> None:
+    assert pd.collect_metrics_url is not None, "the shared deployment runs collect"
+    collect = pd.collect_metrics_url.removesuffix("/metrics")
+    complete = semconv.METRIC_COLLECT_TRACES + "_total"
+    before = metric_sum(collect, complete, outcome=semconv.OUTCOME_COMPLETE)
+    t0 = time.time()
+    drive(pd)
+    deadline = time.monotonic() + 60
+    while metric_sum(collect, complete, outcome=semconv.OUTCOME_COMPLETE) < before + REQUESTS:
+        assert time.monotonic() < deadline, "collect did not analyse every request"
+        time.sleep(0.5)
+
+    # The connector's transfer histogram agrees with vLLM's own NIXL one on the same
+    # engine: one WRITE (push, on P) or READ (pull, on D) per transfer NIXL timed.
+    mover, op = (pd.prefill_url, "WRITE") if mode == "push" else (pd.decode_url, "READ")
+    ours = theirs = 0.0
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        ours = metric_sum(mover, f"{semconv.METRIC_KV_PHASE}_count", phase=op)
+        theirs = metric_sum(mover, "vllm:nixl_xfer_time_seconds_count")
+        if ours == theirs and ours >= REQUESTS:
+            break
+        time.sleep(0.5)
+    assert ours == theirs >= REQUESTS, f"{op}: ours {ours}, vLLM's nixl_xfer_time {theirs}"
+
+    engine = {"mode": mode}
+    jobs = {
+        "prefill": [host_port(pd.prefill_url)],
+        "decode": [host_port(pd.decode_url)],
+        "proxy": [host_port(pd.proxy_url)],
+        "collect": [host_port(collect)],
+    }
+    labels = {"prefill": engine | {"role": "prefill"}, "decode": engine | {"role": "decode"}}
+    with run_prometheus(jobs, labels=labels) as prom:
+        targets = prom.wait_for_targets()
+        assert {t["labels"]["job"] for t in targets if t["health"] == "up"} == set(jobs)
+        prom.wait_for(f'{semconv.METRIC_TTFT_PHASE}_count{{mode="{mode}"}}')
+        time.sleep(3)  # rate() over the panels' window needs two samples of each series
+        for path in DASHBOARDS:
+            dashboard = json.loads(path.read_text())
+            for i, (title, expr) in enumerate(panel_targets(dashboard, {"mode": [mode]})):
+                SERIES.setdefault((path.stem, title, i), {})[mode] = len(prom.query(expr))
+        exemplars = prom.query_exemplars(
+            f"{semconv.METRIC_TTFT_PHASE}_bucket", t0 - 60, time.time() + 60
+        )
+
+    stored = store_trace_ids(pd.traces_dir)
+    seen = {
+        e["labels"]["trace_id"]
+        for group in exemplars
+        if group["seriesLabels"].get("mode") == mode
+        for e in group["exemplars"]
+    }
+    assert seen, "no exemplar on tracedpush_ttft_phase_seconds"
+    assert seen <= stored, f"exemplar trace ids not in the store: {sorted(seen - stored)[:5]}"
+    with_data = [key for key, by_mode in SERIES.items() if by_mode.get(mode)]
+    print(
+        f"\n{mode}: {len(with_data)}/{len(SERIES)} panel queries returned series; "
+        f"{len(seen)} exemplar trace ids, all in the store ({len(stored)} traces there)"
+    )
+    if mode == "pull" and all(len(by_mode) == 2 for by_mode in SERIES.values()):
+        empty = [key for key, by_mode in SERIES.items() if not any(by_mode.values())]
+        ratio = 1 - len(empty) / len(SERIES)
+        print(f"panels-with-data / panels = {ratio:.0%} over push and pull")
+        assert not empty, f"queries with no series in either mode: {empty}"
