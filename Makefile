@@ -2,6 +2,8 @@
 # they create .venv on first use and install (once; a stamp file skips reinstalls).
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The vLLM 0.33 lane's overlay env (scripts/install_vllm033.sh): vllm 0.33.0 over $(VENV)
+VENV033 ?= .venv-vllm033
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 # pyproject extras; on a GPU box: make install EXTRAS=gpu,console,model,dev
@@ -13,11 +15,12 @@ ifneq ($(MODEL_DIR),)
 export TRACEDPUSH_MODEL_DIR := $(abspath $(MODEL_DIR))
 endif
 
-.PHONY: help install test check demo model lint format fuzz soak dashboards clean distclean
+.PHONY: help install test test-vllm033 check demo model lint format fuzz soak dashboards clean distclean
 
 help:
 	@echo "make test      install (first time) and run the whole test suite"
 	@echo "make demo      install, build the tiny model if absent, run push vs pull demo"
+	@echo "make test-vllm033  the connector's vLLM-facing unit tests against vLLM 0.33 (part of test)"
 	@echo "make install   create $(VENV) and install tracedpush with the CPU vLLM stack"
 	@echo "make model     build the tiny local Qwen2 model (no network)"
 	@echo "make check     ruff check, ruff format --check, import-layer contracts (part of test)"
@@ -26,14 +29,27 @@ help:
 	@echo "make fuzz      property-based fuzzing of the proxy's request schema (5000 examples)"
 	@echo "make soak      the long fault runs make test leaves out (pull-mode engine kills)"
 	@echo "make dashboards  regenerate the Grafana dashboards (dashboards/*.json) from code"
-	@echo "make clean     remove caches and run/trace outputs; distclean also removes $(VENV)"
-	@echo "Variables: VENV=$(VENV) EXTRAS=$(EXTRAS) PYTEST_ARGS= DEMO_ARGS= MODEL_DIR= FUZZ_EXAMPLES=$(FUZZ_EXAMPLES)"
+	@echo "make clean     remove caches and run/trace outputs; distclean also removes $(VENV) $(VENV033)"
+	@echo "Variables: VENV=$(VENV) VENV033=$(VENV033) EXTRAS=$(EXTRAS) PYTEST_ARGS= DEMO_ARGS= MODEL_DIR= FUZZ_EXAMPLES=$(FUZZ_EXAMPLES)"
 
 install:
 	@EXTRAS=$(EXTRAS) bash scripts/install.sh $(VENV)
 
 test: install check
 	$(PY) -m pytest $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory test-vllm033 PYTEST_ARGS=
+
+# The vLLM 0.33 lane: every unit test that touches vLLM's classes, run against vLLM 0.33.0's
+# real Python package (the GPU wheel, installed without dependencies in an overlay on
+# $(VENV): scripts/install_vllm033.sh). `make test` runs it after the suite (about 30 s;
+# the first time 40 s more to build the overlay). TRACEDPUSH_VLLM_LANE tells the tests
+# which vLLM they must find (tests/unit/test_vllm_seams.py).
+VLLM033_TESTS := tests/unit/test_vllm_seams.py $(wildcard tests/unit/test_connector_*.py) \
+	tests/unit/test_producer_watch.py $(wildcard tests/unit/test_span_builder*.py) \
+	tests/unit/test_proxy_flows.py::test_idle_engine_connections_are_dropped_before_vllm_drops_them
+test-vllm033: install
+	@MAIN_VENV=$(abspath $(VENV)) bash scripts/install_vllm033.sh $(VENV033)
+	TRACEDPUSH_VLLM_LANE=0.33 $(VENV033)/bin/python -m pytest $(VLLM033_TESTS) $(PYTEST_ARGS)
 
 # ruff, plus the import-layer contracts in pyproject.toml ([tool.importlinter])
 check: install
@@ -72,7 +88,8 @@ dashboards: install
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .hypothesis runs traces artifacts
-	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+	find . -path ./$(VENV) -prune -o -path ./$(VENV033) -prune -o -name __pycache__ -type d \
+		-exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VENV033)

@@ -69,8 +69,6 @@ TEST_PORTS = {
     "decode_port": 18200,
     "prefill_side_channel_port": 15600,
     "decode_side_channel_port": 15700,
-    "collect_port": 18300,
-    "collect_metrics_port": 18301,
 }
 
 
@@ -132,9 +130,6 @@ class PDSession:
             run_dir=self.base / mode,
             traces_dir=self.base / "traces" / mode,
             trace=self.trace,
-            # as `tracedpush up --collect`: engines and proxy export OTLP to collect,
-            # which writes the trace store (so every e2e test reads what it received)
-            collect=self.trace,
             **TEST_PORTS,
         )
         d = Deployment(config)

@@ -121,7 +121,9 @@ def _stream(
 ) -> dict:
     """One streamed completion; what the client saw: status, tokens, an error's text."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
-    body |= {"stream": True, "ignore_eos": True}
+    # the usage chunk gives the token count: vLLM merges tokens into fewer events when
+    # its API server falls behind, so counting events undercounts under load
+    body |= {"stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
     req = urllib.request.Request(
         f"{PROXY}/v1/completions",
         json.dumps(body).encode(),
@@ -141,13 +143,16 @@ def _stream(
                     out["error"] = json.dumps(chunk["error"])
                 elif chunk.get("choices"):
                     out["tokens"] += 1
+                    out.setdefault("first_s", time.monotonic() - t0)
                     if first is not None:
                         first.set()
+                elif chunk.get("usage"):
+                    out["tokens"] = chunk["usage"]["completion_tokens"]
     except urllib.error.HTTPError as e:
         out["status"], out["error"] = e.code, e.read().decode("utf-8", "replace")
     except OSError as e:
         out["error"] = f"{type(e).__name__}: {e}"
-    out["ended"] = time.monotonic()
+    out["ended"], out["ended_ns"] = time.monotonic(), time.time_ns()
     out["seconds"] = out["ended"] - t0
     return out
 
@@ -401,14 +406,150 @@ def _export_drops(traces: Path) -> dict[str, int]:
     return {k: sum(v.values()) for k, (_, v) in latest.items()}
 
 
+FULL_S = 15.0  # seconds of load on a full trace store
+STORE_MB = 256
+
+
+class SmallStore:
+    """The traces directory on its own tmpfs, which the test can fill (issue 11, item 4).
+
+    Mounting needs root (CI runs as root); where it is refused the store-full phase is
+    not run, and the test records why."""
+
+    def __init__(self, path: Path) -> None:
+        path.mkdir(parents=True)
+        self.path = path
+        mount = ["mount", "-t", "tmpfs", "-o", f"size={STORE_MB}m", "tmpfs", str(path)]
+        done = subprocess.run(mount, capture_output=True, text=True)
+        self.mounted = done.returncode == 0
+        self.why_not = done.stderr.strip() or f"mount exited {done.returncode}"
+
+    def fill_for(self, seconds: float) -> tuple[int, int, list[str]]:
+        """Fill the store, keep it full for `seconds` under load, free it; the time window."""
+        filler = self.path / "filler"
+        with filler.open("wb") as f:
+            block = b"\0" * (1 << 20)
+            try:
+                while True:
+                    f.write(block)
+                    f.flush()
+            except OSError:
+                pass  # ENOSPC: full
+        start = time.time_ns()
+        time.sleep(seconds)
+        end = time.time_ns()
+        filler.unlink()
+        return start, end, sorted(p.name for p in self.path.glob("*.jsonl"))
+
+    def unmount(self) -> None:
+        if self.mounted:
+            subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
+
+
+def _tpot_ms(results: list[dict], t0_ns: int, t1_ns: int) -> list[float]:
+    """Client-side time per output token of the requests that ended in [t0, t1)."""
+    out = []
+    for r in results:
+        ended_ns = r["ended_ns"]
+        if t0_ns <= ended_ns < t1_ns and r.get("first_s") is not None and r["tokens"] > 1:
+            out.append((r["seconds"] - r["first_s"]) / (r["tokens"] - 1) * 1e3)
+    return sorted(out)
+
+
+def check_full_store(
+    up: Up, run_dir: Path, done: list[dict], full: tuple[int, int, list[str]], figures: Figures
+) -> None:
+    """While the store was full: the engines kept their pace, nothing was lost, drops were
+    counted (engines' /metrics, then the store's engine.export records) and logged once
+    per exporter; then writing resumed and no line anywhere is torn."""
+    start, end, files = full
+    span = end - start
+    before = _tpot_ms(done, start - span, start)
+    during = _tpot_ms(done, start, end)
+    assert len(before) >= 5 and len(during) >= 5, (len(before), len(during))
+    ratio = during[len(during) // 2] / before[len(before) // 2]
+    figures.record(
+        store_full_s=span / 1e9,
+        tpot_p50_before_full_ms=before[len(before) // 2],
+        tpot_p50_full_ms=during[len(during) // 2],
+        tpot_full_ratio=ratio,
+    )
+    assert ratio <= 1.5, (before, during)  # the engines do not wait for the disk
+    dropped = {
+        url: metric_sum(url, semconv.METRIC_SPANS_DROPPED + "_total", reason="store_full")
+        for url in (PREFILL, "http://127.0.0.1:18600")
+    }
+    figures.record(store_full_dropped_min=min(dropped.values()))
+    assert all(dropped.values()), f"store_full drops on the engines' /metrics: {dropped}"
+    logs = {n: (run_dir / f"{n}.log").read_text() for n in ("prefill", "decode", "proxy")}
+    warned = {n: text.count("(counted as store_full)") for n, text in logs.items()}
+    resumed = {n: len(re.findall(r"export resumed to .*jsonl", text)) for n, text in logs.items()}
+    figures.record(store_full_log_lines_max=max(warned.values()))
+    # one warning per exporter and outage: an engine has two (scheduler and worker)
+    assert all(1 <= n <= 2 for n in warned.values()), warned
+    deadline = time.monotonic() + 30
+    while True:  # writing resumed by itself: engine.export records count the drops
+        landed = _store_drops(run_dir / "traces")
+        if (landed and all(landed.values())) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    figures.record(store_full_counted_in_store=sum(landed.values()))
+    assert landed and all(landed.values()), f"store_full drops in engine.export: {landed}"
+    assert sum(resumed.values()) >= 3, resumed
+    torn = [
+        (p.name, i)
+        for p in (run_dir / "traces").glob("*.jsonl")
+        for i, line in enumerate(p.read_bytes().splitlines())
+        if not _parses(line)
+    ]
+    assert torn == [], torn[:5]
+    print(
+        f"\nfull store: {span / 1e9:.0f} s full under load; client TPOT p50 "
+        f"{before[len(before) // 2]:.2f} -> {during[len(during) // 2]:.2f} ms (x{ratio:.2f}); "
+        f"store_full drops on /metrics {dropped}; warnings per log {warned}; resumed, drops "
+        f"in engine.export {landed}; {len(files)} files, no torn line"
+    )
+
+
+def _parses(line: bytes) -> bool:
+    try:
+        json.loads(line)
+        return True
+    except ValueError:
+        return False
+
+
+def _store_drops(traces: Path) -> dict[str, int]:
+    """The JSON-lines exporter's store_full drops, per engine process, from its latest
+    engine.export record (written once the store takes lines again)."""
+    latest: dict[str, tuple[int, int]] = {}
+    for span in TraceStore.from_path(traces).all_spans():
+        if span.name != semconv.SPAN_ENGINE_EXPORT:
+            continue
+        exporters = list(span.attributes.get(semconv.EXPORT_EXPORTER) or ())
+        key = semconv.EXPORT_DROPPED_STORE_FULL
+        if "jsonl" not in exporters or key not in span.attributes:
+            continue
+        n = int(span.attributes[key][exporters.index("jsonl")])
+        who = f"{span.resource.service}/{span.resource.pid}"
+        if who not in latest or span.start_ns > latest[who][0]:
+            latest[who] = (span.start_ns, n)
+    return {k: n for k, (_, n) in latest.items()}
+
+
 def test_a_hanging_collector_never_slows_the_engines(tmp_path: Path, figures: Figures) -> None:
     """1P1D push exporting OTLP to a collector that answers, then for 60 s accepts
     connections and never answers, then answers again, under a steady closed loop.
 
     D's engine steps (from the JSON lines store, which stays healthy) keep their
     duration; the OTLP exporters drop and count (engine.export records); export resumes
-    without a restart."""
+    without a restart.
+
+    Then, on the same deployment, the JSON lines store (its own tmpfs) fills up for 15 s
+    under the same load (`check_full_store`)."""
     port = free_port()
+    traces = tmp_path / "traces"
+    store = SmallStore(traces)
     collector: OtlpHttpReceiver | HangingEndpoint = OtlpHttpReceiver(port)
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
@@ -447,6 +588,7 @@ def test_a_hanging_collector_never_slows_the_engines(tmp_path: Path, figures: Fi
             while not collector.names:  # recovered: spans arrive again
                 assert time.monotonic() < deadline, "export did not resume"
                 time.sleep(1)
+            full = store.fill_for(FULL_S) if store.mounted else None
             stop.set()
         bad = [r for r in done if r["status"] != 200 or r["error"] or r["tokens"] != 48]
         figures.record(
@@ -479,6 +621,10 @@ def test_a_hanging_collector_never_slows_the_engines(tmp_path: Path, figures: Fi
         )
         assert any(drops.values()), drops
         figures.record(spans_after_recovery=len(collector.names))
+        if full is not None:
+            check_full_store(up, tmp_path, done, full, figures)
+        else:
+            figures.record(store_full="not run: " + store.why_not)
         print(
             f"\nhung collector: D's step p50 {ok_p50:.2f} ms healthy, {hang_p50:.2f} ms during "
             f"the {HANG_S:.0f} s hang (x{hang_p50 / ok_p50:.2f}); OTLP drops counted {drops}; "
@@ -489,3 +635,4 @@ def test_a_hanging_collector_never_slows_the_engines(tmp_path: Path, figures: Fi
         stop.set()
         collector.close()
         up.stop_clean()
+        store.unmount()

@@ -35,7 +35,11 @@ def _source_dirs(top: Path) -> list[Path]:
     """Every directory of the source tree under ``top``."""
     out = []
     for root, dirs, _ in os.walk(top):
-        dirs[:] = [d for d in dirs if d not in NOT_SOURCE and not d.endswith(".egg-info")]
+        dirs[:] = [
+            d
+            for d in dirs
+            if d not in NOT_SOURCE and not d.endswith(".egg-info") and not d.startswith(".venv")
+        ]
         out.append(Path(root))
     return out
 

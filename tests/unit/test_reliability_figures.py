@@ -195,6 +195,26 @@ HANG = {
     "spans_dropped_max": 264,
     "spans_dropped_total": 403,
     "spans_after_recovery": 569,
+    "store_full_s": 15.0,
+    "tpot_p50_before_full_ms": 20.5,
+    "tpot_p50_full_ms": 21.1,
+    "tpot_full_ratio": 1.03,
+    "store_full_dropped_min": 212,
+    "store_full_log_lines_max": 2,
+    "store_full_counted_in_store": 530,
+}
+FUZZ = {
+    "cases": 100,
+    "seconds": 25.0,
+    "oracle_accepted": 40,
+    "upstream_5xx": 0,
+    "engine_4xx": 3,
+    "engine_restarts": 0,
+    "prefill_idle_after_s": 0.0,
+    "decode_idle_after_s": 1.5,
+    "status_200": 40,
+    "status_400": 57,
+    "status_413": 3,
 }
 SLOW = {
     "slow_readers": 200,
@@ -224,6 +244,7 @@ def sample() -> list[dict]:
     kill_p = "test_killing_a_prefill_mid_transfer_leaves_the_other_serving"
     leave = "test_a_client_that_leaves_costs_the_engines_nothing"
     slow = "test_200_slow_readers_cost_the_proxy_little_and_the_other_clients_nothing"
+    fuzz = "test_real_engines_survive_fuzzed_requests"
     records = []
     for mode in ("push", "pull"):
         records.append(_record(kill_d, DECODE_KILL, mode=mode))
@@ -231,6 +252,10 @@ def sample() -> list[dict]:
         records.append(_record(leave, _leave(0.01, 13.0), mode=mode, when="before the first token"))
         records.append(_record(leave, _leave(0.01, 0.06), mode=mode, when="mid-stream"))
         records.append(_record(slow, SLOW, mode=mode))
+        records.append(_record(fuzz, FUZZ, mode=mode))
+        records.append(
+            _record(fuzz + "_soak", FUZZ | {"cases": 1500, "status_200": 1440}, mode=mode)
+        )
     records.append(_record("test_a_hanging_collector_never_slows_the_engines", HANG))
     records[-1]["params"] = {}
     return records
@@ -239,8 +264,8 @@ def sample() -> list[dict]:
 def test_the_table_has_every_fault_with_each_modes_figures() -> None:
     records = sample()
     rows = rel.table(records)
-    assert len(rows) == len(rel.FAULTS) == 7
-    d, p, _, leave_row, slow, launcher, _ = rows
+    assert len(rows) == len(rel.FAULTS) == 9
+    d, p, _, full, leave_row, slow, fuzz, launcher, _ = rows
     assert d["push"].startswith("8/8 failed (3 with a 502, 5 by an SSE error; 8 naming the decode")
     assert "answered 0.2 s after the kill at most; 0 lost" in d["push"]
     assert "P healthy at 4/4 probes; P's KV freed 0.6 s after the kill; D back 55 s" in d["push"]
@@ -254,6 +279,15 @@ def test_the_table_has_every_fault_with_each_modes_figures() -> None:
     assert "200/200 streaming" in slow["push"]
     assert "proxy RSS +10.8 MB, 0.55 of a core" in slow["pull"]
     assert launcher["push"].startswith("unit tests on stand-in servers")
+    assert full["push"].startswith("full for 15 s under load: client TPOT p50 20.50 ms before")
+    assert "21.10 ms full (x1.03); at least 212 spans dropped per engine" in full["push"]
+    assert "at most 2 warning lines per log" in full["push"]
+    assert "530 drops recorded in the store; no torn line; 144/144 requests whole" in full["push"]
+    assert full["pull"] == "not run (push only)"
+    # make test's run and the soak's add up
+    assert fuzz["pull"].startswith("1600 cases in 2 runs; statuses 200: 1480, 400: 114, 413: 6")
+    assert "0 upstream 5xx; 6 engine 4xx relayed" in fuzz["push"]
+    assert "engines idle 1.5 s after the last case at most" in fuzz["push"]
     assert rel.missing(records) == []
 
 
@@ -274,7 +308,15 @@ def test_the_hang_row_and_what_was_not_run() -> None:
     assert rel.missing(records, quick=True) == [
         "test_a_client_that_leaves_costs_the_engines_nothing[pull]",
         "test_200_slow_readers_cost_the_proxy_little_and_the_other_clients_nothing[pull]",
+        "test_real_engines_survive_fuzzed_requests[pull]",
     ]
+
+
+def test_the_store_full_row_says_why_it_did_not_run() -> None:
+    records = [r for r in sample() if r["test"].startswith("test_a_hanging")]
+    records[0]["figures"] = HANG | {"store_full": "not run: mount: permission denied"}
+    full = next(r for r in rel.table(records) if r["fault"].startswith("the trace store"))
+    assert full["push"] == "not run: mount: permission denied"
 
 
 def test_a_failed_test_shows_as_failed_with_what_it_got() -> None:
@@ -344,19 +386,19 @@ def test_the_script_from_a_figures_file_writes_json_and_the_doc(tmp_path: Path, 
     argv = ["--from-figures", str(figures), "--out", str(out), "--doc", str(doc), "--write-doc"]
     assert rel.main(argv) == 0
     printed = capsys.readouterr().out
-    assert "1. D's whole process tree SIGKILLed" in printed and "11 tests recorded: 11 passed" in (
+    assert "1. D's whole process tree SIGKILLed" in printed and "15 tests recorded: 15 passed" in (
         printed
     )
     report = json.loads(out.read_text())
     assert report["passed"] and report["missing"] == [] and report["when"] == "2026-12-01T10:00:00"
     assert {"machine", "cpus", "python", "vllm", "loadavg_1m"} <= set(report["machine"])
-    assert len(report["tests"]) == 11 and len(report["faults"]) == 7
+    assert len(report["tests"]) == 15 and len(report["faults"]) == 9
     text = doc.read_text()
     assert "old | table" not in text and "## After\n\nkept\n" in text
     table = text.split(rel.START)[1].split(rel.END)[0]
     assert "| fault | expected | measured: push | measured: pull | test |" in table
     assert table.count("\n| ") == 1 + len(rel.FAULTS)  # header + one line per fault
-    assert "Figures from the run of 2026-12-01 (11 passed;" in table
+    assert "Figures from the run of 2026-12-01 (15 passed;" in table
 
 
 def test_the_script_reports_a_failure_and_writes_no_doc(tmp_path: Path, capsys) -> None:

@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
 from tracedpush import semconv
+from tracedpush.telemetry import export
 from tracedpush.telemetry.builder import BuilderConfig
 from tracedpush.telemetry.export import (
     ExportWorker,
@@ -375,6 +376,46 @@ def test_a_full_trace_store_drops_counts_logs_once_never_tears_and_resumes(tiny_
         assert stats["exported"] == worker.exported and stats["failing"] is False
     finally:
         sink.shutdown()
+
+
+class Switch(SpanExporter):
+    """An exporter that fails or succeeds as told (the worker's outage bookkeeping alone;
+    the real full store is the tmpfs test above)."""
+
+    def __init__(self) -> None:
+        self.ok = True
+
+    def export(self, spans) -> SpanExportResult:
+        return SpanExportResult.SUCCESS if self.ok else SpanExportResult.FAILURE
+
+
+def test_an_endpoint_that_flaps_is_one_outage_in_the_log(caplog, monkeypatch):
+    """A store on the edge of full takes a small batch now and then (seen on a real
+    tmpfs under engine load): failures within FLAP_S of one getting through continue
+    the outage, counted but not logged again."""
+    caplog.set_level(logging.WARNING, logger="tracedpush.export")
+    switch = Switch()
+    worker = ExportWorker("otlp", switch, target="http://collector:4318")
+    sink = SpanSink([worker])
+    try:
+        for ok in (False, False, True, False, True, False, False, True):
+            switch.ok = ok
+            sink.emit([span(1)])
+            assert sink.flush(5)
+        assert worker.drops[semconv.DROP_EXPORT_FAILED] == 5 and worker.exported == 3
+        assert len(export_log(caplog, "dropping spans")) == 1
+        resumed = export_log(caplog, "export resumed")
+        assert len(resumed) == 3
+        assert "after failing again 2 time(s) once batches got through" in resumed[-1]
+        assert "5 spans lost meanwhile (export_failed 5)" in resumed[-1]
+
+        monkeypatch.setattr(export, "FLAP_S", 0.0)  # long after: a new outage, logged
+        switch.ok = False
+        sink.emit([span(1)])
+        assert sink.flush(5)
+        assert len(export_log(caplog, "dropping spans")) == 2
+    finally:
+        sink.shutdown(timeout_s=1)
 
 
 def test_a_file_size_limit_moves_on_to_a_new_part(tmp_path):

@@ -48,6 +48,9 @@ ENV_TRACES_DIR = "TRACEDPUSH_TRACES_DIR"
 DEFAULT_MAX_QUEUE = 8192
 DEFAULT_BATCH = 512
 REPORT_EVERY_S = 30.0
+# A failure this soon after an outage ended continues that outage, silently: a store on
+# the edge of full takes a small batch now and then, and each must not log again.
+FLAP_S = 30.0
 FAILING_SHUTDOWN_WAIT_S = 1.0  # at exit, how long to wait for an exporter that is failing
 
 
@@ -71,6 +74,8 @@ class _Outage:
 
     since: float  # time.monotonic()
     drops_before: dict[str, int] = field(default_factory=dict)
+    ended: float | None = None  # when a batch last got through (time.monotonic())
+    relapses: int = 0  # failures again within FLAP_S of a batch getting through
 
 
 class ExportWorker:
@@ -99,6 +104,7 @@ class ExportWorker:
         self._queue: deque[ReadableSpan] = deque()
         self._in_flight = 0
         self._outage: _Outage | None = None
+        self._last_outage: _Outage | None = None  # the one that ended, for FLAP_S
         self._wake = threading.Event()
         self._stop = False
         self._idle = threading.Event()
@@ -171,6 +177,10 @@ class ExportWorker:
             if self._outage is not None:
                 self._resumed()
             return
+        last = self._last_outage
+        if self._outage is None and last is not None and t0 - (last.ended or 0.0) < FLAP_S:
+            last.relapses += 1  # the same outage again: counted, not logged
+            self._outage, self._last_outage = last, None
         if self._outage is None:
             self._outage = _Outage(t0, before)
             if not what:
@@ -192,16 +202,25 @@ class ExportWorker:
         outage, self._outage = self._outage, None
         if outage is None:
             return
+        outage.ended = now = time.monotonic()
+        self._last_outage = outage
         lost = {r: n - outage.drops_before.get(r, 0) for r, n in self.drops.items()}
         detail = ", ".join(f"{r} {n}" for r, n in lost.items() if n)
         where = f" to {self.target}" if self.target else ""
         if isinstance(self.exporter, JsonLinesSpanExporter):
             where = f" to {self.exporter.path}"
+        again = (
+            f", after failing again {outage.relapses} time(s) once batches got through"
+            if outage.relapses
+            else ""
+        )
         log.warning(
-            "tracedpush exporter %s: export resumed%s after %.1f s; %d spans lost meanwhile%s",
+            "tracedpush exporter %s: export resumed%s %.1f s after it first failed%s; "
+            "%d spans lost meanwhile%s",
             self.name,
             where,
-            time.monotonic() - outage.since,
+            now - outage.since,
+            again,
             sum(lost.values()),
             f" ({detail})" if detail else "",
         )
