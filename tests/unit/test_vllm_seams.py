@@ -6,7 +6,7 @@ fails if the seam it names moved: a private name, a hook signature, a message fo
 metadata field. Where it can, a test runs vLLM's own code (its scheduler, its workers'
 methods on a worker built without NIXL) and feeds what that produces to our hooks, tap
 and span builder. The seams and how they differ between 0.32 and 0.33:
-docs/vllm-033-review.md.
+docs/connector.md ("vLLM 0.32 and 0.33").
 """
 
 from __future__ import annotations
@@ -438,7 +438,8 @@ def test_prepped_transfers_carry_the_notification_the_builder_keys_them_by():
     """The tap keys a transfer by its notif_msg and counts args[1] (local descriptor ids).
     Known exception, the same in 0.32 and 0.33: pull's split DRAM/VRAM READ
     (`_read_blocks_mixed`), whose notification is sent later, after both halves are done
-    (docs/vllm-033-review.md). Any other transfer without a notification fails here."""
+    (docs/connector.md, "vLLM 0.32 and 0.33"). Any other transfer without a notification
+    fails here."""
     without = set()
     for path, fn, call in _agent_calls():
         if call.func.attr != "make_prepped_xfer":
@@ -716,17 +717,14 @@ def _vllm_pull_prefill_needs(message: bytes, p_world: int) -> int:
     raise AssertionError("vLLM never counted the request done")
 
 
-def _ours_expect(message: bytes, tp_size: int) -> int:
-    tracker = RequestTracker(tp_size=tp_size)
-    (req,) = tracker.on_notifs(ev.Notifs(1, {"agent": [message]}))
+def _ours_expect(message: bytes, tp_size: int, mode: str, pp_size: int = 1) -> int:
+    """What the span builder expects: the worker's tracker after the scheduler's Alloc
+    fact (pp_size from kv_transfer_params, D push) and one notification."""
+    tracker = RequestTracker(tp_size=tp_size, mode=mode)
+    rid = message.rpartition(b":")[0].decode()
+    tracker.on_alloc(ev.Alloc(1, rid, 1, 16, "engine-p", pp_size))
+    (req,) = tracker.on_notifs(ev.Notifs(2, {"agent": [message]}))
     return req.notif_expected
-
-
-_PP_GAP = pytest.mark.xfail(
-    strict=True,
-    reason="the builder ignores the producer's pp_size (vLLM: pp_size * producers per "
-    "consumer); docs/vllm-033-review.md",
-)
 
 
 @pytest.mark.parametrize(
@@ -737,8 +735,9 @@ _PP_GAP = pytest.mark.xfail(
         (4, 2, 1),
         (1, 2, 1),
         (2, 2, 1),
-        pytest.param(1, 1, 2, marks=_PP_GAP),
-        pytest.param(2, 1, 2, marks=_PP_GAP),
+        (1, 1, 2),
+        (2, 1, 2),
+        (4, 2, 2),
     ],
 )
 def test_push_decode_expects_as_many_write_notifications_as_vllm(p_world, d_world, pp):
@@ -746,14 +745,9 @@ def test_push_decode_expects_as_many_write_notifications_as_vllm(p_world, d_worl
     # P names D's request id in it; D keys its receive by the same id.
     message = message.replace(b"cmpl-req-7-0", D_RID.encode())
     assert message.rpartition(b":")[0] == D_RID.encode()
-    assert _ours_expect(message, d_world) == _vllm_push_decode_needs(message, d_world, pp)
-
-
-_PULL_GAP = pytest.mark.xfail(
-    strict=True,
-    reason="the builder divides the pull count by P's TP; the suffix already is the "
-    "count P waits for (docs/vllm-033-review.md)",
-)
+    assert _ours_expect(message, d_world, "push", pp) == _vllm_push_decode_needs(
+        message, d_world, pp
+    )
 
 
 @pytest.mark.parametrize(
@@ -763,14 +757,14 @@ _PULL_GAP = pytest.mark.xfail(
         (2, 1),
         (4, 1),
         (1, 2),
-        pytest.param(2, 2, marks=_PULL_GAP),
-        pytest.param(4, 2, marks=_PULL_GAP),
+        (2, 2),
+        (4, 2),
     ],
 )
 def test_pull_prefill_expects_as_many_read_notifications_as_vllm(expected_consumers, p_world):
     message = _read_notification(P_RID, expected_consumers)
     assert message.rpartition(b":")[0] == P_RID.encode()
-    assert _ours_expect(message, p_world) == _vllm_pull_prefill_needs(message, p_world)
+    assert _ours_expect(message, p_world, "pull") == _vllm_pull_prefill_needs(message, p_world)
 
 
 def test_transfer_handles_are_keyed_by_the_request_in_the_notification():
@@ -781,6 +775,14 @@ def test_transfer_handles_are_keyed_by_the_request_in_the_notification():
         (req,) = tracker.on_prep(ev.Prep(1, 2, "WRITE", message, 77, 6))
         assert req.base == request_key(D_RID) == request_key(P_RID)
         assert tracker.for_handle(77) is req
+
+
+def test_a_transfer_without_a_notification_makes_no_request():
+    """Pull's split DRAM/VRAM READ posts without notif_msg: no request with an empty id
+    (it would end as "transfer never completed"), the handle stays unmapped."""
+    tracker = RequestTracker(mode="pull")
+    assert tracker.on_prep(ev.Prep(1, 2, "READ", b"", 78, 6)) == ()
+    assert tracker.reqs == {} and tracker.for_handle(78) is None
 
 
 def test_registration_payload_is_msgpack_of_a_dict_with_the_keys_we_read():

@@ -50,6 +50,11 @@ def _role_for(kv_role: str | None) -> str:
     return "decode" if kv_role == "kv_consumer" else "prefill"
 
 
+def _positive_int(value: Any) -> int:
+    """A count from kv_transfer_params (pp_size), 1 if absent or not a positive int."""
+    return value if type(value) is int and value > 0 else 1
+
+
 class TracedConnectorMixin:
     """Mixed in before vLLM's NixlPushConnector / NixlPullConnector."""
 
@@ -200,6 +205,7 @@ class TracedConnectorMixin:
                         -(-num_external_tokens // self._tp_block_size),
                         num_external_tokens,
                         params.get("remote_engine_id", ""),
+                        _positive_int(params.get("pp_size")),
                     )
                     record(event)
                     self._tp_outbox.append(event)

@@ -50,7 +50,7 @@ class SpanBuilder:
         self.observer = observer  # metric observations from the spans (observations.py)
         self.observer_errors = 0
         self.spans = SpanFactory(config, resource)
-        self.tracker = RequestTracker(config.tp_size)
+        self.tracker = RequestTracker(config.tp_size, config.mode)
         self.emitter = emitter_for(self.spans, self.tracker.handshakes)
         self.process = ProcessSpans(self.spans)
         self.spans_built = 0

@@ -42,6 +42,7 @@ class Alloc(NamedTuple):
     n_blocks: int
     n_tokens: int
     remote_engine: str
+    pp_size: int = 1  # P's pipeline stages (kv_transfer_params): D waits for each's WRITEs
 
 
 class Scheduled(NamedTuple):

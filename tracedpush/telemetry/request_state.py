@@ -48,6 +48,7 @@ class RequestState:
         "notif_times",
         "parent_id",
         "post_start",
+        "pp_size",
         "prep_end",
         "prompt_len",
         "push_starts",
@@ -77,6 +78,7 @@ class RequestState:
         self.post_start = self.xfer_done = self.results_done = self.last_seen = 0
         self.prompt_len = self.n_blocks = self.n_desc = self.notif_expected = self.n_done = 0
         self.steps = 0  # engine steps that computed this request (prefill)
+        self.pp_size = 1  # D, push: P's pipeline stages (each stage's ranks notify)
         self.finish_status = ""
         self.remote_engine = ""
         self.xfer_error = ""
@@ -103,8 +105,9 @@ Touched = tuple[RequestState, ...] | list[RequestState]
 class RequestTracker:
     """Per-request state of one process and the handlers that update it."""
 
-    def __init__(self, tp_size: int = 1) -> None:
+    def __init__(self, tp_size: int = 1, mode: str = "push") -> None:
         self.tp_size = tp_size
+        self.mode = mode
         self.reqs: dict[str, RequestState] = {}
         self.handle_req: dict[int, str] = {}
         self.handshakes: list[Handshake] = []
@@ -171,6 +174,7 @@ class RequestTracker:
         req.alloc = req.alloc or e.t
         req.n_blocks = e.n_blocks
         req.remote_engine = e.remote_engine or req.remote_engine
+        req.pp_size = e.pp_size
         return (req,)
 
     def on_scheduled(self, e: ev.Scheduled) -> Touched:
@@ -292,20 +296,29 @@ class RequestTracker:
                         continue
                     req = self.req(req_id)
                     req.notif_times.append(e.t)
-                    req.notif_expected = self._expected_notifs(peer_tp)
+                    req.notif_expected = self._expected_notifs(req, peer_tp)
                 touched.append(req)
         return touched
 
-    def _expected_notifs(self, peer_tp: str) -> int:
+    def _expected_notifs(self, req: RequestState, suffix: str) -> int:
+        """How many completion notifications the engine waits for, as vLLM counts them.
+
+        Pull (P): the suffix is that number (D's `expected_consumers`). Push (D): the
+        suffix is P's TP; each of D's ranks hears from P's ranks that map onto it, on
+        each of P's pipeline stages."""
         try:
-            peer = int(peer_tp)
+            n = int(suffix)
         except ValueError:
             return 1
-        return max(1, peer // max(1, self.tp_size))
+        if self.mode == "pull":
+            return max(1, n)
+        return max(1, req.pp_size) * max(1, n // max(1, self.tp_size))
 
     def on_prep(self, e: ev.Prep) -> Touched:
         notif = e.notif_msg
         text = notif.decode("utf-8", "replace") if isinstance(notif, bytes) else str(notif)
+        if not text:  # pull's split DRAM/VRAM READ names no request (docs/connector.md)
+            return ()
         req = self.req(text.rpartition(":")[0] or text)
         self.handle_req[e.handle] = req.base
         req.handles.add(e.handle)
