@@ -15,12 +15,13 @@ ifneq ($(MODEL_DIR),)
 export TRACEDPUSH_MODEL_DIR := $(abspath $(MODEL_DIR))
 endif
 
-.PHONY: help install test test-vllm033 check demo model lint format fuzz soak dashboards clean distclean
+.PHONY: help install test test-vllm033 check-gpu-install check demo model lint format fuzz soak dashboards clean distclean
 
 help:
 	@echo "make test      install (first time) and run the whole test suite"
 	@echo "make demo      install, build the tiny model if absent, run push vs pull demo"
 	@echo "make test-vllm033  the connector's vLLM-facing unit tests against vLLM 0.33 (part of test)"
+	@echo "make check-gpu-install  pip resolves .[gpu,console,model,dev] (dry run; CI runs it)"
 	@echo "make install   create $(VENV) and install tracedpush with the CPU vLLM stack"
 	@echo "make model     build the tiny local Qwen2 model (no network)"
 	@echo "make check     ruff check, ruff format --check, import-layer contracts (part of test)"
@@ -50,6 +51,12 @@ VLLM033_TESTS := tests/unit/test_vllm_seams.py $(wildcard tests/unit/test_connec
 test-vllm033: install
 	@MAIN_VENV=$(abspath $(VENV)) bash scripts/install_vllm033.sh $(VENV033)
 	TRACEDPUSH_VLLM_LANE=0.33 $(VENV033)/bin/python -m pytest $(VLLM033_TESTS) $(PYTEST_ARGS)
+
+# The GPU install path resolves (README, "Install on a GPU box"): pip install --dry-run of
+# .[gpu,console,model,dev], nothing installed; about a minute (wheel metadata). Not part of
+# `make test` (marker gpu_install); .ci/run runs it after `make test`.
+check-gpu-install: install
+	$(PY) -m pytest -m gpu_install tests/unit/test_gpu_install.py $(PYTEST_ARGS)
 
 # ruff, plus the import-layer contracts in pyproject.toml ([tool.importlinter])
 check: install

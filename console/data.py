@@ -309,14 +309,14 @@ def _open_store(source: Source) -> Any:
             level="info",
         )
     if source.kind == "traces":
-        path = Path(source.location)
-        if not path.exists():
+        paths = [Path(p) for p in source.trace_paths]
+        if not any(path.exists() for path in paths):
             raise SourceError(
-                f"{path} does not exist (yet). Run `tracedpush demo` or point the console "
-                "at a directory of tracedpush traces.",
+                f"{source.location} does not exist (yet). Run `tracedpush demo` or point the "
+                "console at a directory of tracedpush traces.",
                 level="info",
             )
-        return analysis.TraceStore.from_path(path)
+        return analysis.TraceStore.from_paths(paths)
     kwargs: dict[str, Any] = {"lookback": source.lookback}
     if source.service:
         kwargs["service"] = source.service

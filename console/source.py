@@ -3,6 +3,8 @@
 The app gets its source from the arguments after ``--`` (``streamlit run console/app.py
 -- --traces DIR``), else from ``TRACEDPUSH_TRACES`` / ``TRACEDPUSH_JAEGER`` (how tests and
 scripts configure it without a command line); the sidebar can switch it at run time.
+Several ``--traces`` (or ``TRACEDPUSH_TRACES=A:B``, separated like PATH) are read as one
+store: e.g. the engines' traces_dir and the proxy's, when they differ.
 """
 
 from __future__ import annotations
@@ -25,9 +27,22 @@ class Source:
     """A hashable description of a trace source; the cache key for everything loaded."""
 
     kind: str  # "traces" | "jaeger" | "none"
-    location: str = ""
+    location: str = ""  # several trace paths: all of them, comma-separated (the label)
     service: str | None = None
     lookback: str = DEFAULT_LOOKBACK
+    paths: tuple[str, ...] = ()  # several trace paths; () means just `location`
+
+    @classmethod
+    def traces(cls, paths: Sequence[str]) -> Source:
+        """A source of one trace path, or of several read as one store."""
+        resolved = tuple(dict.fromkeys(str(Path(p).expanduser().resolve()) for p in paths))
+        if len(resolved) == 1:
+            return cls("traces", resolved[0])
+        return cls("traces", ", ".join(resolved), paths=resolved)
+
+    @property
+    def trace_paths(self) -> tuple[str, ...]:
+        return self.paths or (self.location,)
 
     @property
     def label(self) -> str:
@@ -39,18 +54,19 @@ class Source:
 
     @classmethod
     def parse(cls, text: str, lookback: str = DEFAULT_LOOKBACK) -> Source:
-        """A source typed by a user: a URL means Jaeger, anything else a path."""
+        """A source typed by a user: a URL means Jaeger, anything else a path, or several
+        comma-separated paths (as the label of a several-path source shows them)."""
         text = text.strip()
         if not text:
             return cls("none")
         if text.startswith(("http://", "https://")):
             return cls("jaeger", text.rstrip("/"), lookback=lookback)
-        return cls("traces", str(Path(text).expanduser().resolve()))
+        return cls.traces([p.strip() for p in text.split(",") if p.strip()])
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False, exit_on_error=False, allow_abbrev=False)
-    p.add_argument("--traces")
+    p.add_argument("--traces", action="append")
     p.add_argument("--jaeger")
     p.add_argument("--service")
     p.add_argument("--lookback")
@@ -67,11 +83,11 @@ def from_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Sour
     lookback = ns.lookback or env.get(ENV_LOOKBACK) or DEFAULT_LOOKBACK
     service = ns.service or env.get(ENV_JAEGER_SERVICE) or None
     if ns.traces:
-        return Source("traces", str(Path(ns.traces).expanduser().resolve()))
+        return Source.traces(ns.traces)
     if ns.jaeger:
         return Source("jaeger", ns.jaeger.rstrip("/"), service, lookback)
     if env.get(ENV_TRACES):
-        return Source("traces", str(Path(env[ENV_TRACES]).expanduser().resolve()))
+        return Source.traces([p for p in env[ENV_TRACES].split(os.pathsep) if p])
     if env.get(ENV_JAEGER):
         return Source("jaeger", env[ENV_JAEGER].rstrip("/"), service, lookback)
     return Source("none")

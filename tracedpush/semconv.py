@@ -134,6 +134,9 @@ POLL_LAG_US: Final = "tracedpush.kv.poll_lag_us"  # observed done - (post + xfer
 RENDEZVOUS_FIRST: Final = "tracedpush.rendezvous.first"  # "registration" | "prefill"
 NOTIFY_EXPECTED: Final = "tracedpush.notify.expected"
 NOTIFY_RECEIVED: Final = "tracedpush.notify.received"
+# int[]: the sender's TP rank of each notification, in arrival order (-1: a sender no
+# handshake of this worker named); push D only, where D handshook with P's ranks.
+NOTIFY_RANKS: Final = "tracedpush.notify.ranks"
 DECODE_END: Final = "tracedpush.decode.end"  # what ends `decode`: "first_token_scheduled"
 PREFILL_STEPS: Final = "tracedpush.prefill.steps"  # prefill: engine steps that computed it
 SIDE: Final = "tracedpush.side"  # resource + step spans: "scheduler" | "worker"

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tracedpush.analysis import RunAnalysis, TraceStore, analyze
+from tracedpush.analysis import RequestAnalysis, RunAnalysis, TraceStore, analyze
 from tracedpush.console.source import ENV_JAEGER, ENV_TRACES
 from tracedpush.testing.synthetic import SyntheticRun, generate
+from tracedpush.testing.synthetic.ranks import add_prefill_rank
 
 REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "console" / "app.py"
@@ -20,11 +21,18 @@ ARTIFACTS = REPO / "artifacts"
 DECODE_SKEW_MS = 25.0  # decode-0's clock runs this far ahead in the synthetic traces
 
 
+def tp_trace_id(run: SyntheticRun) -> str:
+    """The push request whose P runs at TP 2 (`synthetic.ranks`): the 6th by arrival."""
+    push = sorted((r for r in run.requests if r.mode == "push"), key=lambda r: r.start_unix_ns)
+    return push[5].trace_id
+
+
 @pytest.fixture(scope="session")
 def traces(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SyntheticRun]:
     run = generate(
         120, seed=7, clock_offsets_ms={"decode-0": DECODE_SKEW_MS}, start_unix_s=time.time() - 600
     )
+    add_prefill_rank(run, tp_trace_id(run))
     directory = tmp_path_factory.mktemp("console-traces")
     run.write(directory)
     return directory, run
@@ -34,6 +42,14 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SyntheticRun
 def expected(traces: tuple[Path, SyntheticRun]) -> RunAnalysis:
     """What the analysis says about the traces the app is shown: the console must draw it."""
     return analyze(TraceStore.from_path(traces[0]))
+
+
+@pytest.fixture(scope="session")
+def tp_request(traces: tuple[Path, SyntheticRun], expected: RunAnalysis) -> RequestAnalysis:
+    """The push request with two prefill ranks, as the analysis sees it."""
+    req = expected.get(tp_trace_id(traces[1]))
+    assert req is not None
+    return req
 
 
 AppFactory = Callable[..., AppTest]

@@ -48,8 +48,9 @@ def test_overview_renders_all_charts(served, driver):
     browser.screenshot(driver, ARTIFACTS / "console-overview.png")
 
 
-def test_timeline_renders_push_beside_pull(served, driver, expected):
-    req = expected.by_mode("push")[5]
+def test_timeline_renders_push_beside_pull(served, driver, expected, tp_request):
+    """The push request's P runs at TP 2 (conftest.py): its ranks are drawn as lanes."""
+    req = tp_request
     driver.get(f"{served.url}/timeline?request={req.trace_id}")
     browser.wait_rendered(driver, charts=1, timeout=120)
     assert not browser.exception_text(driver)
@@ -61,6 +62,12 @@ def test_timeline_renders_push_beside_pull(served, driver, expected):
     assert any(t.startswith("pull") for t in titles)
     bars = len(req.critical_path) + len(req.hidden) + len(req.spans)
     assert _svg_count(driver, ".js-plotly-plot .barlayer .point") >= bars
+    ticks = driver.execute_script(
+        "return [...document.querySelectorAll('.js-plotly-plot .ytick text')]"
+        ".map(e => e.textContent)"
+    )
+    for rank in (0, 1):
+        assert f"P prefill-0 · push_writer · tp{rank}" in ticks
     browser.screenshot(driver, ARTIFACTS / "console-timeline.png")
 
 

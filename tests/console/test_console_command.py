@@ -29,6 +29,21 @@ def test_streamlit_command_is_headless_and_passes_the_source():
     assert cmd[cmd.index("--") + 1 :] == ["--traces", "/x"]
 
 
+def _capture_streamlit(monkeypatch) -> dict:
+    """Popen replaced: the streamlit command line the CLI would run, under "cmd"."""
+    seen: dict = {}
+
+    class Proc:
+        def __init__(self, cmd, env):
+            seen["cmd"] = cmd
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Proc)
+    return seen
+
+
 @pytest.mark.parametrize(
     ("argv", "app_args"),
     [
@@ -40,16 +55,7 @@ def test_streamlit_command_is_headless_and_passes_the_source():
     ],
 )
 def test_cli_runs_streamlit(monkeypatch, argv, app_args):
-    seen = {}
-
-    class Proc:
-        def __init__(self, cmd, env):
-            seen["cmd"] = cmd
-
-        def wait(self):
-            return 0
-
-    monkeypatch.setattr(subprocess, "Popen", Proc)
+    seen = _capture_streamlit(monkeypatch)
     assert cli_main(["console", *argv, "--port", "8999"]) == 0
     cmd = seen["cmd"]
     assert "--server.port=8999" in cmd
@@ -86,3 +92,28 @@ def test_console_imports_neither_vllm_nor_nixl():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_several_traces_reach_the_app_and_load_as_one_store(monkeypatch, tmp_path):
+    """`tracedpush console --traces ENGINES --traces PROXY`: one store, whole traces."""
+
+    from tracedpush.console import data
+    from tracedpush.testing import synthetic
+
+    gen = synthetic.generate(8, seed=5)
+    engines, proxy = tmp_path / "engines", tmp_path / "proxy"
+    gen.write(engines, proxy)
+    seen = _capture_streamlit(monkeypatch)
+    assert cli_main(["console", "--traces", str(engines), "--traces", str(proxy)]) == 0
+    app_args = seen["cmd"][seen["cmd"].index("--") + 1 :]
+    assert app_args == ["--traces", str(engines), "--traces", str(proxy)]
+    source = from_args(app_args, env={})
+    assert source.trace_paths == (str(engines), str(proxy))
+    assert source.label == f"{engines}, {proxy}"
+    assert Source.parse(source.label) == source  # the sidebar takes the label back
+    env_source = from_args([], env={"TRACEDPUSH_TRACES": f"{engines}:{proxy}"})
+    assert env_source == source
+    run = data.Feed(source).snapshot().run
+    assert len(run.requests) == 8 and all(r.complete for r in run.requests)
+    alone = data.Feed(Source.traces([str(engines)])).snapshot().run
+    assert not any(r.complete for r in alone.requests)

@@ -117,3 +117,30 @@ def test_unknown_request_id_is_a_message_not_an_error(app, traces):
     at.text_input(key="typed_request").set_value("no-such-request").run()
     no_exception(at)
     assert any("no-such-request" in w.value for w in at.warning)
+
+
+def test_prefill_ranks_are_lanes_and_the_last_to_land_is_lit(app, traces, tp_request):
+    """P at TP 2 (tests/console/conftest.py): each rank's KV spans on a lane of its own;
+    the WRITE on the critical path is rank 0's, whose data landed last, though rank 1's
+    was seen done last."""
+    req = tp_request
+    at = app(traces=traces[0], page="views/timeline.py", query={"request": req.trace_id})
+    no_exception(at)
+    fig = figure(at, "timeline")
+    (dimmed,) = traces_of(fig, kind="spans-dimmed", trace_id=req.trace_id)
+    (lit,) = traces_of(fig, kind="spans", trace_id=req.trace_id)
+    lanes = {rank: charts.lane_label(f"{sc.SERVICE_PREFILL}/prefill-0/push_writer/tp{rank}")
+             for rank in (0, 1)}  # fmt: skip
+    assert lanes == {r: f"P prefill-0 · push_writer · tp{r}" for r in (0, 1)}
+    drawn = [(name, y) for t in (dimmed, lit) for name, y in zip(t["text"], t["y"], strict=True)]
+    for name in (sc.SPAN_KV_WRITE, sc.SPAN_KV_DESC_PREP):
+        assert sorted(y for n, y in drawn if n == name) == [lanes[0], lanes[1]]
+    lit_writes = [y for n, y in zip(lit["text"], lit["y"], strict=True) if n == sc.SPAN_KV_WRITE]
+    assert lit_writes == [lanes[0]]
+    axis = next(v for k, v in fig["layout"].items() if k.startswith("yaxis"))
+    assert lanes[0] in axis["categoryarray"] and lanes[1] in axis["categoryarray"]
+    i = lit["text"].index(sc.SPAN_KV_WRITE)
+    assert "tp_rank=0" in lit["customdata"][i][4]
+    (notify,) = [c[4] for t in (dimmed, lit) for n, c in zip(t["text"], t["customdata"],
+                 strict=True) if n == sc.SPAN_KV_NOTIFY]  # fmt: skip
+    assert "notify.expected=2" in notify and "notify.ranks=[1, 0]" in notify

@@ -505,6 +505,64 @@ def test_tp_ranks_the_last_write_to_land_is_on_the_path() -> None:
     assert len(lanes) == 2  # rank 1 gets its own lane
 
 
+def _two_ranks(landed_last: int) -> dict[str, tuple[Any, ...]]:
+    """P at TP 2, each rank's phases on its own worker. Rank 1's WRITE is *observed*
+    done last (P polled it at 80 ms), but which rank's data *landed* last (post +
+    NIXL xferDuration) is `landed_last`: D's last notification came from that rank."""
+    slow, fast = (4000, 2000) if landed_last == 0 else (2000, 6000)
+    rank0, rank1 = {sc.TP_RANK: 0}, {sc.TP_RANK: 1}
+    landed = sorted((63.5 + slow / 1000, 63.7 + fast / 1000))
+    heard = [(sc.EVENT_NOTIFICATION, t + 0.1) for t in landed]  # one from each rank
+    counts = {sc.NOTIFY_EXPECTED: 2, sc.NOTIFY_RECEIVED: 2}
+    return push_spec(
+        **{
+            sc.SPAN_KV_DESC_PREP: ("prefill", 62, 63, rank0),
+            sc.SPAN_KV_WRITE: ("prefill", 63.5, 75, {**rank0, sc.NIXL_XFER_US: slow}),
+            f"{sc.SPAN_KV_DESC_PREP}#1": ("prefill", 62.2, 63.7, rank1),
+            f"{sc.SPAN_KV_WRITE}#1": ("prefill", 63.7, 80, {**rank1, sc.NIXL_XFER_US: fast}),
+            sc.SPAN_KV_NOTIFY: ("decode", landed[0] + 0.1, 72, counts, heard),
+        }
+    )
+
+
+@pytest.mark.parametrize("landed_last", [0, 1])
+def test_tp_ranks_out_of_order_the_write_that_landed_last_is_on_the_path(landed_last) -> None:
+    (r,) = exact(trace("push", _two_ranks(landed_last))).requests
+    assert sum(s.duration_ms for s in r.critical_path) == pytest.approx(100.0)
+    (write,) = [s for s in r.critical_path if s.phase == phases.WRITE]
+    start, xfer = (63.5, 4.0) if landed_last == 0 else (63.7, 6.0)
+    assert (write.start_ms, write.duration_ms) == (pytest.approx(start), pytest.approx(xfer))
+    (notification,) = [s for s in r.critical_path if s.phase == phases.NOTIFICATION]
+    assert notification.start_ms == pytest.approx(start + xfer)  # that rank's data landed
+    # ...and D counted from that rank's notification, the last, to the end of kv.notify
+    (counting,) = [s for s in r.critical_path if s.phase == phases.NOTIFY_COUNTING]
+    assert counting.start_ms == pytest.approx(start + xfer + 0.1)
+    assert counting.start_ms + counting.duration_ms == pytest.approx(72)
+    assert not any("clamped" in p for p in r.problems)
+    lit = {(v.name, v.attributes.get(sc.TP_RANK)) for v in r.spans if v.on_critical_path}
+    assert (sc.SPAN_KV_WRITE, landed_last) in lit
+    assert (sc.SPAN_KV_WRITE, 1 - landed_last) not in lit
+    # the descriptor prep before it is the same rank's
+    (prep,) = [s for s in r.critical_path if s.phase == phases.DESC_PREP]
+    assert prep.start_ms + prep.duration_ms == pytest.approx(start)
+    assert (sc.SPAN_KV_DESC_PREP, landed_last) in lit
+    # engine-local WRITE is that rank's NIXL xferDuration
+    assert r.engine_phases_ms["prefill"][phases.WRITE] == pytest.approx(xfer)
+
+
+def test_tp_ranks_each_get_a_lane_rank_0_too() -> None:
+    (r,) = exact(trace("push", _two_ranks(0))).requests
+    lanes = {v.attributes[sc.TP_RANK]: v.lane for v in r.spans if v.name == sc.SPAN_KV_WRITE}
+    assert lanes == {
+        0: f"{sc.SERVICE_PREFILL}/prefill-0/pid 2/tp0",
+        1: f"{sc.SERVICE_PREFILL}/prefill-0/pid 2/tp1",
+    }
+    assert lanes[0] in r.lanes and lanes[1] in r.lanes
+    assert r.lanes.index(lanes[0]) < r.lanes.index(lanes[1])
+    # an instance with one rank keeps its lanes unsuffixed
+    assert all("/tp" not in v.lane for v in r.spans if v.service == sc.SERVICE_DECODE)
+
+
 # ------------------------------------------------------------------ synthetic runs
 
 

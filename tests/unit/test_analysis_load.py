@@ -218,3 +218,47 @@ def test_empty_directory_gives_empty_analysis(tmp_path: Path) -> None:
     run = analyze(TraceStore.from_path(tmp_path))
     assert run.requests == [] and run.clock_offsets == {}
     assert run.table() == []
+
+
+def _split_proxy_from_engines(gen: synthetic.SyntheticRun, root: Path) -> tuple[Path, Path]:
+    """The issue-14 layout: engines wrote to their traces_dir, the proxy elsewhere."""
+    engines, proxy = root / "engines", root / "proxy"
+    for name, docs in gen.files.items():
+        target = (proxy if "proxy" in name else engines) / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    return engines, proxy
+
+
+def test_several_paths_are_one_store(tmp_path: Path, gen: synthetic.SyntheticRun) -> None:
+    engines, proxy = _split_proxy_from_engines(gen, tmp_path)
+    alone = analyze(TraceStore.from_path(engines))
+    assert alone.requests and not any(r.complete for r in alone.requests)  # no root span
+    store = TraceStore.from_paths([engines, proxy])
+    assert store.stats.spans == _span_count(gen) and store.stats.files == len(gen.files)
+    assert store.describe() == f"{engines}, {proxy}"
+    run = analyze(store)
+    assert sorted(r.trace_id for r in run.requests) == sorted(gen.by_trace())
+    assert all(r.complete for r in run.requests)
+
+
+def test_overlapping_paths_read_each_file_once(tmp_path: Path, gen: synthetic.SyntheticRun) -> None:
+    gen.write(tmp_path)
+    one_file = tmp_path / next(iter(gen.files))
+    store = TraceStore.from_paths([tmp_path, tmp_path / "push", one_file, tmp_path])
+    assert store.stats.files == len(gen.files)
+    assert store.stats.spans == _span_count(gen) and store.stats.duplicates == 0
+    (tmp_path / "pull" / "late.jsonl").write_text(_lines(gen)[0] + "\n")  # new file
+    store.refresh()
+    assert store.stats.files == len(gen.files) + 1
+
+
+def test_a_missing_one_of_several_paths_is_reported(
+    tmp_path: Path, gen: synthetic.SyntheticRun
+) -> None:
+    gen.write(tmp_path / "here")
+    store = TraceStore.from_paths([tmp_path / "here", tmp_path / "gone"])
+    assert store.stats.spans == _span_count(gen)
+    assert store.last_error == f"{tmp_path / 'gone'}: no such file or directory"
+    with pytest.raises(ValueError, match="no trace paths"):
+        TraceStore.from_paths([])

@@ -341,3 +341,21 @@ def test_requests_group_by_load(run: Any) -> None:
     assert len({r.load for r in run.requests}) > 3  # the generator's waves vary the load
     for r in run.requests:
         assert r.load >= 1 and r.load_bucket == load_label(r.load)
+
+
+def test_several_traces_flags_are_one_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Engines wrote to their traces_dir, the proxy to its own: give both."""
+    gen = synthetic.generate(12, seed=3)
+    engines, proxy = tmp_path / "engines", tmp_path / "proxy"
+    gen.write(engines, proxy)
+    argv = ["report", "--format", "json", "--traces", str(engines)]
+    assert cli_main(argv) == 0
+    alone = json.loads(capsys.readouterr().out)["requests"]
+    assert alone and not any(r["complete"] for r in alone)
+    assert cli_main([*argv, "--traces", str(proxy)]) == 0
+    both = json.loads(capsys.readouterr().out)["requests"]
+    assert len(both) == 12 and all(r["complete"] for r in both)
+    assert cli_main([*argv, "--traces", str(tmp_path / "absent")]) == 2
+    assert f"{tmp_path / 'absent'}: no such file or directory" in capsys.readouterr().err

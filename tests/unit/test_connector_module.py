@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -47,6 +49,33 @@ def test_vllm_factory_resolves_our_classes_by_module_path():
             engine_id="e1",
         )
         assert KVConnectorFactory.get_connector_class(config) is cls
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_example_configs_are_what_this_vllm_expects(role: str):
+    """examples/kv-transfer-config.push.*.json (the README's GPU configs) load into this
+    vLLM's KVTransferConfig (the 0.33 lane runs this too), resolve to our class, use a
+    kv_buffer_device vLLM's NIXL worker accepts on CUDA, and carry valid settings."""
+    from vllm import envs
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.utils import _NIXL_SUPPORTED_DEVICE
+
+    import tracedpush.connector as ours
+
+    raw = json.loads((EXAMPLES / f"kv-transfer-config.push.{role}.json").read_text())
+    config = KVTransferConfig(**raw)
+    assert config.kv_role == {"prefill": "kv_producer", "decode": "kv_consumer"}[role]
+    assert KVConnectorFactory.get_connector_class(config) is ours.NixlPushConnector
+    assert config.kv_buffer_device == "cuda" and "cuda" in _NIXL_SUPPORTED_DEVICE["cuda"]
+    assert TracedConfig.from_extra_config(config.kv_connector_extra_config).traces_dir
+    # the side-channel variables the README and examples/README.md tell users to set
+    for name in ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT"):
+        assert name in envs.environment_variables
+        assert name in (EXAMPLES / "README.md").read_text()
 
 
 @pytest.mark.parametrize("version", ["0.32.0", "0.32.3", "0.33.0", "0.33.1+cu129"])

@@ -95,13 +95,15 @@ def test_command_serves_prints_ready_and_stops_on_sigterm(tmp_path):
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "tracedpush", "proxy",
             "--mode", "pull", "--prefill", p_url, "--decode", d_url,
-            "--host", "127.0.0.1", "--port", "0", "--traces", str(tmp_path),
+            # --traces-dir: the alias named like the engines' traces_dir
+            "--host", "127.0.0.1", "--port", "0", "--traces-dir", str(tmp_path),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO, env=env,
         )  # fmt: skip
         try:
             line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
             match = re.match(r"tracedpush proxy ready on (http://127\.0\.0\.1:\d+) ", line)
             assert match, line
+            assert line.rstrip().endswith(f"; trace files in {tmp_path}"), line  # where to look
             url = match.group(1)
             async with aiohttp.ClientSession() as session:
                 body = {"model": "stub-model", "prompt": "hello", "max_tokens": 3}
@@ -137,3 +139,11 @@ def test_command_serves_prints_ready_and_stops_on_sigterm(tmp_path):
                 for ss in rs["scopeSpans"]:
                     names.update(span["name"] for span in ss["spans"])
     assert {"tracedpush.request", "proxy.prefill", "proxy.decode", "kv.relay"} <= names
+
+
+def test_traces_place_defaults_to_the_engines_variable(monkeypatch):
+    """TRACEDPUSH_TRACES_DIR is also the traced connectors' default traces_dir."""
+    monkeypatch.setenv("TRACEDPUSH_TRACES_DIR", "/var/log/tracedpush")
+    args = parse("--mode", "push", "--prefill", "http://p:1", "--decode", "http://d:2")
+    assert args.traces == "/var/log/tracedpush"
+    assert parse("--traces-dir", "/x").traces == "/x" == parse("--traces", "/x").traces

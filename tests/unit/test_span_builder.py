@@ -371,3 +371,93 @@ def test_stray_events_for_an_unknown_request_start_no_partial_trace():
     b.sweep(now_ns=1400 * MS + int(500e9))
     assert exp.get_finished_spans() == ()
     assert b.orphans == 1 and b.open_requests == 0
+
+
+def _decode_registered_with_two_prefill_ranks() -> list[tuple]:
+    """D (TP 1) handshook with P's two ranks, then registered its blocks with each. As in
+    an engine, vLLM holds the agent names NIXL's add_remote_agent gave it (bytes), while
+    get_new_notifs keys notifications by str."""
+    return [
+        ev.Facts(
+            1005 * MS,
+            (
+                new_event(D_ID, 1000 * MS, D_PARENT),
+                ev.Alloc(1003 * MS, D_ID, 10, 1201, "prefill-engine-001"),
+            ),
+        ),
+        ev.Handshake(
+            1006 * MS,
+            1030 * MS,
+            "prefill-engine-001",
+            None,
+            {(0, 0): b"agent-p0", (0, 1): b"agent-p1"},
+        ),
+        ev.SendNotif(1031 * MS, b"agent-p0", reg_msg(D_ID)),
+        ev.SendNotif(1031 * MS, b"agent-p1", reg_msg(D_ID)),
+    ]
+
+
+def test_notify_lists_the_prefill_ranks_in_arrival_order():
+    b, exp = make("push", "decode", "worker")
+    b.feed(
+        [
+            *_decode_registered_with_two_prefill_ranks(),
+            ev.Notifs(1300 * MS, {"agent-p1": [f"{D_ID}:2".encode()]}),
+            ev.Notifs(1310 * MS, {"agent-p0": [f"{D_ID}:2".encode()], "agent-x": [b"HB:y"]}),
+            ev.Results(1320 * MS, (), (D_ID,), ()),
+        ]
+    )
+    notify = by_name(exp)[semconv.SPAN_KV_NOTIFY]
+    assert notify.status.status_code is StatusCode.UNSET
+    assert notify.attributes[semconv.NOTIFY_EXPECTED] == 2
+    assert notify.attributes[semconv.NOTIFY_RECEIVED] == 2
+    assert list(notify.attributes[semconv.NOTIFY_RANKS]) == [1, 0]
+    assert (notify.start_time, notify.end_time) == (1300 * MS, 1320 * MS)
+
+
+def test_a_rank_that_never_notifies_is_named_in_the_error():
+    b, exp = make("push", "decode", "worker")
+    b.feed(
+        [
+            *_decode_registered_with_two_prefill_ranks(),
+            ev.Notifs(1300 * MS, {"agent-p1": [f"{D_ID}:2".encode()]}),
+        ]
+    )
+    b.sweep(now_ns=1300 * MS + int(121e9))
+    notify = by_name(exp)[semconv.SPAN_KV_NOTIFY]
+    assert notify.status.status_code is StatusCode.ERROR
+    assert notify.attributes[semconv.ERROR_TYPE] == semconv.ERR_NOTIFY_TIMEOUT
+    assert notify.status.description == (
+        "1 of 2 completion notifications arrived; none from rank 0 of prefill-engine-001"
+    )
+    assert list(notify.attributes[semconv.NOTIFY_RANKS]) == [1]
+
+
+def test_no_notification_at_all_names_every_rank_waited_for():
+    b, exp = make("push", "decode", "worker")
+    b.feed(_decode_registered_with_two_prefill_ranks())
+    b.sweep(now_ns=1031 * MS + int(121e9))
+    notify = by_name(exp)[semconv.SPAN_KV_NOTIFY]
+    assert notify.status.description == (
+        "no completion notification arrived (none from rank 0 of prefill-engine-001, "
+        "rank 1 of prefill-engine-001)"
+    )
+    assert notify.attributes[semconv.NOTIFY_EXPECTED] == 1  # P's TP is in the notification
+    assert list(notify.attributes[semconv.NOTIFY_RANKS]) == []
+
+
+def test_a_sender_no_handshake_named_is_rank_minus_one():
+    """A later handshake replaces an engine's agents (P restarted): the old name is
+    forgotten, so its notification has rank -1."""
+    b, exp = make("push", "decode", "worker")
+    b.feed(
+        [
+            *_decode_registered_with_two_prefill_ranks(),
+            ev.Handshake(1032 * MS, 1040 * MS, "prefill-engine-001", None, {(0, 0): b"agent-q0"}),
+            ev.Notifs(1300 * MS, {"agent-p1": [f"{D_ID}:2".encode()]}),
+            ev.Notifs(1301 * MS, {"agent-q0": [f"{D_ID}:2".encode()]}),
+            ev.Results(1320 * MS, (), (D_ID,), ()),
+        ]
+    )
+    notify = by_name(exp)[semconv.SPAN_KV_NOTIFY]
+    assert list(notify.attributes[semconv.NOTIFY_RANKS]) == [-1, 0]

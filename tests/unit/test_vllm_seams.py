@@ -28,7 +28,6 @@ import msgspec
 import pytest
 import torch
 import vllm
-from vllm import SamplingParams
 from vllm.config import KVTransferConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1 import base as kv_base
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -38,12 +37,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl import utils as nixl_util
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPushConnectorWorker
-from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.kv_cache_utils import KVCacheBlock
-from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import KVConnectorOutput
-from vllm.v1.request import Request, RequestStatus
+from vllm.v1.request import RequestStatus
+from vllm_workers import TRACEPARENT, scheduled
+from vllm_workers import blocks as _blocks
+from vllm_workers import request as _request
 
 import tracedpush.connector as ours
 from tracedpush import semconv
@@ -57,7 +56,6 @@ from tracedpush.telemetry.context import base_request_id, request_key
 from tracedpush.telemetry.request_state import RequestTracker
 
 NIXL_DIR = Path(inspect.getfile(nixl_meta)).parent
-TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 # One request as P and D see it: vLLM appends a random -<8 hex> to the client's id.
 P_RID = "cmpl-req-7-0-8b86e050"
 D_RID = "cmpl-req-7-0-a38b6b14"
@@ -171,16 +169,6 @@ def _connector(cls: type, kv_role: str, engine_id: str) -> tuple[Any, list[tuple
     return connector, events
 
 
-def _request(rid: str, params: dict[str, Any], n_tokens: int = 40) -> Request:
-    return Request(
-        request_id=rid,
-        prompt_token_ids=list(range(1, n_tokens + 1)),
-        sampling_params=SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": params}),
-        pooling_params=None,
-        arrival_time=1_700_000_000.0,
-    )
-
-
 def _decode_params(mode: str) -> dict[str, Any]:
     """D's kv_transfer_params as the proxy sends them (tracedpush/proxy/params.py)."""
     return {
@@ -197,14 +185,8 @@ def _decode_params(mode: str) -> dict[str, Any]:
     }
 
 
-def _blocks(*ids: int) -> KVCacheBlocks:
-    return KVCacheBlocks(blocks=([KVCacheBlock(block_id=i) for i in ids],))
-
-
 def _schedule(connector: Any, rid: str) -> Any:
-    output = SchedulerOutput.make_empty()
-    output.num_scheduled_tokens = {rid: 1}
-    return connector.build_connector_meta(output)
+    return connector.build_connector_meta(scheduled(rid))
 
 
 def _kinds(events: list[tuple]) -> list[type]:
@@ -333,6 +315,10 @@ def test_nixl_handshake_takes_what_our_wrapper_passes_positionally():
         "expected_engine_id",
     ]
     assert all(not required for _, _, required in params[5:]), params
+    # ...and returns ({(pp_rank, tp_rank): agent name}, clock offset): the wrapper records
+    # the dict, which names the rank behind each notification (tracedpush.notify.ranks).
+    returned = str(inspect.signature(NixlBaseConnectorWorker._nixl_handshake).return_annotation)
+    assert returned.replace(" ", "") == "tuple[dict[tuple[int,int],str],float]", returned
 
 
 def test_do_start_push_kv_takes_what_our_wrapper_reads():
@@ -381,6 +367,7 @@ def test_vllm_runs_the_handshake_through_our_wrapper():
     assert calls and calls[0][:4] == (P_HOST, P_PORT, 2, "p1")
     (handshake_event,) = _of(events, ev.Handshake)
     assert handshake_event.engine == "p1" and handshake_event.error is None
+    assert handshake_event.agents == {(0, 0): "agent-p1"}  # the rank of each agent
     assert worker._remote_agents["p1"] == {(0, 0): "agent-p1"}
 
 

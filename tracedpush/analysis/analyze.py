@@ -35,6 +35,7 @@ from tracedpush.analysis.timeline import (
     lane_of,
     lane_sort_key,
     load_label,
+    ranked_instances,
     role_of,
 )
 
@@ -191,9 +192,10 @@ def _request(
     if with_spans:
         owners = path.on_path
         lane_role: dict[str, str] = {}
+        ranked = ranked_instances(ix.spans)  # several TP ranks: a lane per rank
         for s in sorted(ix.spans, key=lambda s: s.start_ns):
             res = s.resource
-            lane = lane_of(s)
+            lane = lane_of(s, res.instance in ranked)
             if lane not in lane_role:
                 lane_role[lane] = role_of(s)
             err = ""

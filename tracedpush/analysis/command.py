@@ -38,7 +38,13 @@ def _duration(text: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--traces", metavar="DIR", help="traces directory or file (OTLP JSON lines)")
+    src.add_argument(
+        "--traces",
+        metavar="DIR",
+        action="append",
+        help="traces directory or file (OTLP JSON lines); repeat to read several as one "
+        "store, e.g. the engines' traces_dir and the proxy's --traces when they differ",
+    )
     src.add_argument(
         "--jaeger", metavar="URL", help="Jaeger query service, e.g. http://localhost:16686"
     )
@@ -82,10 +88,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.traces:
-        if not Path(args.traces).exists():
-            print(f"tracedpush report: {args.traces}: no such file or directory", file=sys.stderr)
+        missing = [p for p in args.traces if not Path(p).exists()]
+        if missing:
+            for p in missing:
+                print(f"tracedpush report: {p}: no such file or directory", file=sys.stderr)
             return 2
-        store = TraceStore.from_path(args.traces)
+        store = TraceStore.from_paths(args.traces)
     else:
         store = TraceStore.from_jaeger(
             args.jaeger,

@@ -126,6 +126,38 @@ def _num(span: Span | None, key: str) -> float | None:
         return None
 
 
+def landed_ns(write: Span) -> int:
+    """When a WRITE's data landed, on P's clock: its post plus NIXL's xferDuration (else
+    its observed end minus the polling lag, else its end)."""
+    xfer = _num(write, sc.NIXL_XFER_US)
+    if xfer is not None:
+        return write.start_ns + round(xfer * 1000)
+    lag = _num(write, sc.POLL_LAG_US)
+    return write.end_ns - round(lag * 1000) if lag is not None else write.end_ns
+
+
+def last_write(ix: TraceIndex) -> Span | None:
+    """P's kv.write whose data landed last. With several P ranks, each WRITEs its share
+    and D counts one notification from each: D waited for the last to land, whichever
+    rank P's polling happened to see finish last (`TraceIndex.one` would take that)."""
+    writes = [s for s in ix.all(sc.SPAN_KV_WRITE) if role_of(s) in (PREFILL, "")]
+    return max(writes, key=landed_ns, default=None)
+
+
+def _worker(s: Span) -> tuple[str, str]:
+    return s.resource.instance, str(s.attributes.get(sc.TP_RANK, 0))
+
+
+def same_worker(ix: TraceIndex, name: str, role: str, like: Span | None) -> Span | None:
+    """The `name` span (on `role`'s side) of the worker (instance, TP rank) that emitted
+    `like`: the phases before a rank's WRITE are that rank's; `ix.one` when none."""
+    if like is not None:
+        mine = [s for s in ix.all(name) if role_of(s) in (role, "") and _worker(s) == _worker(like)]
+        if mine:
+            return max(mine, key=lambda s: s.end_ns)
+    return ix.one(name, role)
+
+
 def _latest(*ts: float | None) -> float | None:
     known = [t for t in ts if t is not None]
     return max(known) if known else None
@@ -189,9 +221,9 @@ def _push_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
     )
     dec, pre = ix.one(sc.SPAN_DECODE, DECODE), ix.one(sc.SPAN_PREFILL, PREFILL)
     notify = ix.one(sc.SPAN_KV_NOTIFY, DECODE)
-    write = ix.one(sc.SPAN_KV_WRITE, PREFILL)
-    prep = ix.one(sc.SPAN_KV_DESC_PREP, PREFILL)
-    rdv = ix.one(sc.SPAN_KV_RENDEZVOUS, PREFILL)
+    write = last_write(ix)
+    prep = same_worker(ix, sc.SPAN_KV_DESC_PREP, PREFILL, write)
+    rdv = same_worker(ix, sc.SPAN_KV_RENDEZVOUS, PREFILL, write)
     reg = ix.one(sc.SPAN_KV_REGISTER, DECODE)
     s_p, s_d, s_x = (
         _svc(pre, sc.SERVICE_PREFILL),
@@ -200,17 +232,14 @@ def _push_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
     )
     problems: list[str] = []
 
-    landed = None
-    if write is not None:
-        w0 = c.start(write)
-        xfer = _num(write, sc.NIXL_XFER_US)
-        lag = _num(write, sc.POLL_LAG_US)
-        if xfer is not None:
-            landed = w0 + xfer / 1000.0
-        elif lag is not None:
-            landed = c.end(write) - lag / 1000.0
-        else:
-            landed = c.end(write)
+    landed = None if write is None else c.ms(write, landed_ns(write))
+    # D counted from the last notification it needed (from the rank that landed last;
+    # with one P rank the only one, the span's start)
+    heard = c.start(notify)
+    if notify is not None:
+        last = max((e.time_ns for e in notify.events if e.name == sc.EVENT_NOTIFICATION), default=0)
+        if last > notify.start_ns:
+            heard = c.ms(notify, last)
 
     first = rdv.attributes.get(sc.RENDEZVOUS_FIRST) if rdv is not None else None
     if first not in ("registration", "prefill"):
@@ -249,7 +278,7 @@ def _push_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
     steps += [
         Step(ph.FIRST_DECODE_STEP, s_d, c.end(dec), dec, need=sc.SPAN_DECODE),
         Step(ph.DECODE_SCHEDULING, s_d, c.end(notify), dec, need=sc.SPAN_KV_NOTIFY),
-        Step(ph.NOTIFY_COUNTING, s_d, c.start(notify), notify, need=sc.SPAN_KV_NOTIFY),
+        Step(ph.NOTIFY_COUNTING, s_d, heard, notify, need=sc.SPAN_KV_NOTIFY),
         Step(ph.NOTIFICATION, s_d, landed, None, need=sc.SPAN_KV_WRITE),
         Step(ph.WRITE, s_p, c.start(write), write, need=sc.SPAN_KV_WRITE),
         Step(ph.DESC_PREP, s_p, c.end(prep), prep, need=sc.SPAN_KV_DESC_PREP),
@@ -513,7 +542,8 @@ def _hidden(c: _Ctx, owners: set[str], end: float, first: str | None) -> list[Se
                 if seg is not None:
                     out.append(seg)
     if ix.mode == "push":
-        rdv = ix.one(sc.SPAN_KV_RENDEZVOUS, PREFILL)
+        write = last_write(ix)
+        rdv = same_worker(ix, sc.SPAN_KV_RENDEZVOUS, PREFILL, write)
         f_ = c.event(rdv, sc.EVENT_PREFILL_FINISHED)
         r_ = c.event(rdv, sc.EVENT_REGISTRATION_ARRIVED)
         if rdv is not None and f_ is not None and r_ is not None and r_ > f_:
@@ -524,7 +554,6 @@ def _hidden(c: _Ctx, owners: set[str], end: float, first: str | None) -> list[Se
             if seg is not None:
                 out.append(seg)
         # P only notices its WRITE finished at its next step
-        write = ix.one(sc.SPAN_KV_WRITE, PREFILL)
         lag = _num(write, sc.POLL_LAG_US)
         if write is not None and lag:
             b = min(c.end(write), end)
@@ -584,9 +613,9 @@ def engine_phases(ix: TraceIndex) -> dict[str, dict[str, float]]:
         put(PREFILL, ph.PREFILL_COMPUTE, _gap_ms(_ev(pre, sc.EVENT_COMPUTE_STARTED), pre.end_ns))
 
     if ix.mode == "push":
-        rdv = ix.one(sc.SPAN_KV_RENDEZVOUS, PREFILL)
-        prep = ix.one(sc.SPAN_KV_DESC_PREP, PREFILL)
-        write = ix.one(sc.SPAN_KV_WRITE, PREFILL)
+        write = last_write(ix)  # the rank whose WRITE landed last, and its phases
+        rdv = same_worker(ix, sc.SPAN_KV_RENDEZVOUS, PREFILL, write)
+        prep = same_worker(ix, sc.SPAN_KV_DESC_PREP, PREFILL, write)
         reg = ix.one(sc.SPAN_KV_REGISTER, DECODE)
         notify = ix.one(sc.SPAN_KV_NOTIFY, DECODE)
         f_ = _ev(rdv, sc.EVENT_PREFILL_FINISHED)

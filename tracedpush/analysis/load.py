@@ -1,11 +1,12 @@
 """`TraceStore`: spans grouped by trace, loaded from files or a Jaeger, incrementally.
 
-Files: a directory is searched recursively for ``*.jsonl`` and ``*.json``. Each is read
-as JSON lines (one OTLP `TracesData` per line, as OpenTelemetry's file exporter and the
-Collector's file exporter write) unless it is one whole JSON document (a pretty-printed
-export, a Jaeger download). Re-reading reads only new bytes: every file keeps its offset,
-and a trailing line without its newline is kept for the next refresh rather than counted
-as malformed (the writer may be half-way through it); once the file stops growing, the
+Files: one path or several merged into one store (`TraceStore.from_paths`); a directory
+is searched recursively for ``*.jsonl`` and ``*.json``. Each is read as JSON lines (one
+OTLP `TracesData` per line, as OpenTelemetry's file exporter and the Collector's file
+exporter write) unless it is one whole JSON document (a pretty-printed export, a Jaeger
+download). Re-reading reads only new bytes: every file keeps its offset, and a trailing
+line without its newline is kept for the next refresh rather than counted as malformed
+(the writer may be half-way through it); once the file stops growing, the
 remainder is parsed or counted.
 """
 
@@ -45,30 +46,43 @@ class _FileState:
 
 
 class FileSource:
-    """A trace file or a directory of them (recursive)."""
+    """Trace files or directories of them (recursive), read as one source.
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+    Several paths (``report --traces A --traces B``: the engines' directory and the
+    proxy's, when they were not given the same place) are merged; a file reached through
+    two of them is read once.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *more: str | os.PathLike[str]) -> None:
+        self.paths = [Path(p) for p in (path, *more)]
+        self.path = self.paths[0]
         self._states: dict[Path, _FileState] = {}
         self.last_error: str | None = None
 
     def describe(self) -> str:
-        return str(self.path)
+        return ", ".join(str(p) for p in self.paths)
 
     def files(self) -> list[Path]:
-        if self.path.is_file():
-            return [self.path]
-        if not self.path.is_dir():
-            return []
-        found = [p for p in self.path.rglob("*") if p.suffix in _SUFFIXES and p.is_file()]
+        found: dict[Path, None] = {}
+        for path in self.paths:
+            if path.is_file():
+                found[path.resolve()] = None
+            elif path.is_dir():
+                found.update(
+                    (p.resolve(), None)
+                    for p in path.rglob("*")
+                    if p.suffix in _SUFFIXES and p.is_file()
+                )
         return sorted(found)
 
     def read(self, decoder: Decoder, stats: LoadStats) -> None:
-        if not self.path.exists():
-            self.last_error = f"{self.path}: no such file or directory"
-            stats.note(self.last_error)
-            return
+        missing = [p for p in self.paths if not p.exists()]
         self.last_error = None
+        if missing:
+            self.last_error = "; ".join(f"{p}: no such file or directory" for p in missing)
+            stats.note(self.last_error)
+            if len(missing) == len(self.paths):
+                return
         for f in self.files():
             state = self._states.get(f)
             if state is None:
@@ -187,6 +201,19 @@ class TraceStore:
     @classmethod
     def from_path(cls, path: str | os.PathLike[str], *, load: bool = True) -> TraceStore:
         store = cls(FileSource(path))
+        if load:
+            store.refresh()
+        return store
+
+    @classmethod
+    def from_paths(
+        cls, paths: Iterable[str | os.PathLike[str]], *, load: bool = True
+    ) -> TraceStore:
+        """Several files or directories merged into one store (one path: `from_path`)."""
+        paths = list(paths)
+        if not paths:
+            raise ValueError("no trace paths given")
+        store = cls(FileSource(*paths))
         if load:
             store.refresh()
         return store

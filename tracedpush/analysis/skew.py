@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from tracedpush import semconv as sc
 from tracedpush.analysis.model import STATUS_ERROR, ClockOffset, Resource, Span
-from tracedpush.analysis.timeline import DECODE, PREFILL, PROXY, TraceIndex
+from tracedpush.analysis.timeline import DECODE, PREFILL, PROXY, TraceIndex, role_of
 
 INF = float("inf")
 
@@ -94,9 +94,12 @@ def causal_pairs(ix: TraceIndex) -> Iterator[Pair]:
                 yield reg, reg.end_ns, rdv, arrival  # registration sent before it arrives
             else:
                 yield reg, reg.end_ns, rdv, rdv.end_ns  # it arrived by the rendezvous end
-        write = ix.one(sc.SPAN_KV_WRITE, PREFILL)
+        # the first notification came from one of P's WRITEs (one per P rank): the
+        # earliest posted is certainly before it
+        writes = [s for s in ix.all(sc.SPAN_KV_WRITE) if ok(s) and role_of(s) in (PREFILL, "")]
+        write = min(writes, key=lambda s: s.start_ns, default=None)
         notify = ix.one(sc.SPAN_KV_NOTIFY, DECODE)
-        if ok(write) and ok(notify):
+        if write is not None and ok(notify):
             yield write, write.start_ns, notify, notify.start_ns  # posted before notified
     elif ix.mode == "pull":
         read = ix.one(sc.SPAN_KV_READ, DECODE)

@@ -51,17 +51,29 @@ def role_of(span: Span) -> str:
     return ""
 
 
-def lane_of(span: Span) -> str:
-    """ "service/instance/thread", e.g. "vllm-prefill/prefill-0/push_writer"."""
+def lane_of(span: Span, ranked: bool = False) -> str:
+    """ "service/instance/thread", e.g. "vllm-prefill/prefill-0/push_writer"; a worker's
+    TP rank is appended ("push_writer/tp1") when above 0, or always when `ranked` (the
+    instance has several ranks in this trace: each rank gets its own lane, tp0 too)."""
     res = span.resource
     attrs = span.attributes
     thread = attrs.get(sc.THREAD)
     if not thread:
         thread = f"pid {res.pid}" if res.pid else "main"
     rank = attrs.get(sc.TP_RANK)
-    if rank not in (None, 0, "0"):
+    if rank is not None and (ranked or rank not in (0, "0")):
         thread = f"{thread}/tp{rank}"
     return f"{res.service}/{res.instance}/{thread}"
+
+
+def ranked_instances(spans: Iterable[Span]) -> set[str]:
+    """Instances whose worker spans in `spans` come from more than one TP rank."""
+    ranks: dict[str, set[str]] = {}
+    for s in spans:
+        rank = s.attributes.get(sc.TP_RANK)
+        if rank is not None:
+            ranks.setdefault(s.resource.instance, set()).add(str(rank))
+    return {instance for instance, seen in ranks.items() if len(seen) > 1}
 
 
 @lru_cache(maxsize=4096)

@@ -153,9 +153,12 @@ class TracedConnectorMixin:
             try:
                 result = original(host, port, remote_tp_size, expected_engine_id, *args, **kwargs)
             except Exception as e:
-                record((ev.HANDSHAKE, t0, time_ns(), expected_engine_id, repr(e)[:300]))
+                record((ev.HANDSHAKE, t0, time_ns(), expected_engine_id, repr(e)[:300], None))
                 raise
-            record((ev.HANDSHAKE, t0, time_ns(), expected_engine_id, None))
+            # vLLM returns ({(pp_rank, tp_rank): agent name}, clock offset): keep its dict
+            # (a reference, read on the builder thread) to tell which rank notified.
+            agents = result[0] if type(result) is tuple and result else None
+            record((ev.HANDSHAKE, t0, time_ns(), expected_engine_id, None, agents))
             return result
 
         worker._nixl_handshake = _nixl_handshake

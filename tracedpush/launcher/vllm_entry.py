@@ -16,7 +16,9 @@ Two corrections for a local deployment that emulates separate hosts:
    (``VLLM_CPU_OMP_THREADS_BIND=0`` for P, ``=1`` for D) the main thread *is* the compute
    thread, so on a 2-core machine both engines' model runners end up on core 1 and core
    0 idles. Here the reserved core is the engine's own core instead. Where vLLM has no
-   such platform method, nothing is patched; ``TRACEDPUSH_PIN_KV_THREAD=0`` turns it off.
+   such platform method (it is private), nothing is patched and the engine log gets one
+   warning saying so (``KV_THREAD_WARNED_ENV`` keeps vLLM's child processes from
+   repeating it); ``TRACEDPUSH_PIN_KV_THREAD=0`` turns the correction and the warning off.
 3. An ablation switch, off by default: ``TRACEDPUSH_NIXL_PROGRESS_THREAD=0`` builds the
    NIXL agent without its UCX progress thread (see ``nixl_progress_thread_off``).
 
@@ -29,6 +31,7 @@ module-level code too.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import sys
 
@@ -61,18 +64,53 @@ def pin_engine_tree() -> list[int]:
 
 
 def keep_kv_thread_on_own_core() -> bool:
-    """Patch vLLM's CPU platform so the NIXL worker pins to this engine's cores."""
+    """Patch vLLM's CPU platform so the NIXL worker pins to this engine's cores.
+
+    ``CpuPlatform.discover_numa_topology`` is private to vLLM: when it is missing (or the
+    module cannot be imported) nothing is patched and a warning says what that means,
+    once per engine (see ``warn_kv_thread_not_kept``). Returns whether it patched.
+    """
     cores = _own_cores()
     if not cores:
         return False
     try:
-        from vllm.platforms import cpu
-    except ImportError:
+        cpu = importlib.import_module("vllm.platforms.cpu")
+    except ImportError as e:
+        warn_kv_thread_not_kept(cores, f"vllm.platforms.cpu cannot be imported ({e})")
         return False
     platform = getattr(cpu, "CpuPlatform", None)
-    if platform is None or not hasattr(platform, "discover_numa_topology"):
+    if platform is None or not callable(getattr(platform, "discover_numa_topology", None)):
+        warn_kv_thread_not_kept(cores, "vLLM's CpuPlatform has no discover_numa_topology")
         return False
     platform.discover_numa_topology = classmethod(lambda cls: [cores])
+    return True
+
+
+KV_THREAD_WARNED_ENV = "TRACEDPUSH_KV_THREAD_WARNED"
+
+
+def warn_kv_thread_not_kept(cores: list[int], why: str) -> bool:
+    """Say on stderr (the engine log) that the NIXL worker's core is not corrected, once.
+
+    The API server, EngineCore and Worker all import this module; the first one to warn
+    sets ``KV_THREAD_WARNED_ENV``, which the processes it starts inherit, so the engine's
+    log holds one warning. Returns whether it printed.
+    """
+    if os.environ.get(KV_THREAD_WARNED_ENV) == "1":
+        return False
+    os.environ[KV_THREAD_WARNED_ENV] = "1"
+    version = getattr(sys.modules.get("vllm"), "__version__", "of unknown version")
+    print(
+        f"[tracedpush] WARNING: {why} (vLLM {version}), so the NIXL worker's thread is NOT "
+        f"kept on this engine's cores {cores} (VLLM_CPU_OMP_THREADS_BIND). If this vLLM "
+        "still moves that thread to the last core of each NUMA node, engines sharing a "
+        "machine all run their model runner on that one core: prefill and decode slow "
+        "down several-fold and push/pull comparisons are skewed (check the engine.threads "
+        "spans, or Contention in `tracedpush report`). TRACEDPUSH_PIN_KV_THREAD=0 turns "
+        "this correction and this warning off.",
+        file=sys.stderr,
+        flush=True,
+    )
     return True
 
 

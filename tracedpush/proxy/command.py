@@ -58,7 +58,7 @@ prefill coordinates (push mode):
 
 examples:
   tracedpush proxy --mode pull --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200
-  tracedpush proxy --mode push --port 8000 --traces runs/traces \\
+  tracedpush proxy --mode push --port 8000 --traces /var/log/tracedpush \\
       --prefill 'http://127.0.0.1:8100#engine_id=prefill-engine-001,host=127.0.0.1,port=5600' \\
       --decode 'http://127.0.0.1:8200#engine_id=decode-engine-001'
 """
@@ -102,10 +102,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--traces",
+        "--traces-dir",
+        dest="traces",
         metavar="DIR",
         default=env_str("TRACEDPUSH_TRACES_DIR", "traces"),
-        help="directory for OTLP JSON-lines trace files (default ./traces). OTLP "
-        "export to a collector/Jaeger follows the standard OTEL_EXPORTER_OTLP_* "
+        help="directory for the proxy's OTLP JSON-lines trace files (default ./traces). "
+        "Give it the engines' traces_dir (kv_connector_extra_config.tracedpush.traces_dir, "
+        "which also defaults to $TRACEDPUSH_TRACES_DIR) so that one directory holds whole "
+        "traces; `tracedpush report --traces A --traces B` merges two places otherwise. "
+        "OTLP export to a collector/Jaeger follows the standard OTEL_EXPORTER_OTLP_* "
         "variables. Env: TRACEDPUSH_TRACES_DIR.",
     )
     parser.add_argument(
@@ -264,6 +269,13 @@ def _vocab_size(args: argparse.Namespace) -> int | None:
     return size
 
 
+def _traces_note(args: argparse.Namespace) -> str:
+    """Where this proxy's spans go, for the ready line (the engines' must go there too)."""
+    if args.no_trace_files or not args.traces:
+        return "no trace files"
+    return f"trace files in {os.path.abspath(args.traces)}"
+
+
 def _display_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
 
@@ -279,8 +291,15 @@ def _tracer_provider(args: argparse.Namespace, instance_id: str) -> TracerProvid
     return build_tracer_provider(semconv.SERVICE_PROXY, instance_id, traces_dir)
 
 
-async def serve(config: ProxyConfig, host: str, port: int, provider: TracerProvider | None) -> None:
-    """Serve until SIGINT/SIGTERM; print the ready line once listening."""
+async def serve(
+    config: ProxyConfig,
+    host: str,
+    port: int,
+    provider: TracerProvider | None,
+    traces_note: str = "",
+) -> None:
+    """Serve until SIGINT/SIGTERM; print the ready line (and ``traces_note``) once
+    listening."""
     app = create_app(config, provider)
     # On shutdown, requests in flight get SHUTDOWN_GRACE seconds, then are cancelled
     # (closing both legs, which aborts them on the engines).
@@ -304,7 +323,8 @@ async def serve(config: ProxyConfig, host: str, port: int, provider: TracerProvi
         loop.add_signal_handler(sig, stop.set)
     print(
         f"tracedpush proxy ready on http://{_display_host(host)}:{bound_port} "
-        f"(mode={config.mode}, prefill={len(config.prefill)}, decode={len(config.decode)})",
+        f"(mode={config.mode}, prefill={len(config.prefill)}, decode={len(config.decode)})"
+        + (f"; {traces_note}" if traces_note else ""),
         flush=True,
     )
     try:
@@ -327,7 +347,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     provider = _tracer_provider(args, f"{_display_host(args.host)}:{args.port}")
     try:
-        asyncio.run(serve(config, args.host, args.port, provider))
+        asyncio.run(serve(config, args.host, args.port, provider, _traces_note(args)))
     except OSError as exc:  # e.g. port already in use
         print(f"tracedpush proxy: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1

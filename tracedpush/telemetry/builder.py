@@ -28,7 +28,7 @@ from tracedpush.telemetry.observations import SpanObserver
 from tracedpush.telemetry.process_spans import ProcessSpans
 from tracedpush.telemetry.pull_emitter import PullDecodeEmitter, PullPrefillEmitter
 from tracedpush.telemetry.push_emitter import PushDecodeEmitter, PushPrefillEmitter
-from tracedpush.telemetry.request_state import Handshake, RequestState, RequestTracker
+from tracedpush.telemetry.request_state import Handshake, Peers, RequestState, RequestTracker
 from tracedpush.telemetry.span_factory import BuilderConfig, SpanFactory
 from tracedpush.telemetry.threads import sample_engine
 
@@ -51,7 +51,7 @@ class SpanBuilder:
         self.observer_errors = 0
         self.spans = SpanFactory(config, resource)
         self.tracker = RequestTracker(config.tp_size, config.mode)
-        self.emitter = emitter_for(self.spans, self.tracker.handshakes)
+        self.emitter = emitter_for(self.spans, self.tracker.handshakes, self.tracker.peers)
         self.process = ProcessSpans(self.spans)
         self.spans_built = 0
         self.orphans = 0  # requests seen only through stray events, not traced
@@ -160,15 +160,17 @@ class SpanBuilder:
                 self.observer_errors += 1
 
 
-def emitter_for(spans: SpanFactory, handshakes: list[Handshake]) -> Emitter:
+def emitter_for(
+    spans: SpanFactory, handshakes: list[Handshake], peers: Peers | None = None
+) -> Emitter:
     """The one emitter this process needs, by side, mode and role."""
     cfg = spans.cfg
     if cfg.side == "scheduler":
-        return EngineSpanEmitter(spans, handshakes)
+        return EngineSpanEmitter(spans, handshakes, peers)
     kinds: dict[tuple[str, str], type[Emitter]] = {
         ("push", "prefill"): PushPrefillEmitter,
         ("push", "decode"): PushDecodeEmitter,
         ("pull", "prefill"): PullPrefillEmitter,
         ("pull", "decode"): PullDecodeEmitter,
     }
-    return kinds[(cfg.mode, cfg.role)](spans, handshakes)
+    return kinds[(cfg.mode, cfg.role)](spans, handshakes, peers)

@@ -11,16 +11,19 @@ from __future__ import annotations
 from opentelemetry.sdk.trace import Event, ReadableSpan
 
 from tracedpush import semconv
-from tracedpush.telemetry.request_state import Handshake, RequestState
+from tracedpush.telemetry.request_state import Handshake, Peers, RequestState
 from tracedpush.telemetry.span_factory import Error, SpanFactory
 
 Out = list[ReadableSpan]
 
 
 class Emitter:
-    def __init__(self, spans: SpanFactory, handshakes: list[Handshake]) -> None:
+    def __init__(
+        self, spans: SpanFactory, handshakes: list[Handshake], peers: Peers | None = None
+    ) -> None:
         self.spans = spans
         self.handshakes = handshakes  # the tracker's list of every handshake seen
+        self.peers = peers if peers is not None else Peers()  # agent name -> peer rank
 
     def emit(self, req: RequestState, out: Out, final: bool) -> None:
         raise NotImplementedError
@@ -103,7 +106,14 @@ class Emitter:
                     attrs = self.spans.attrs(req)
                     attrs[semconv.NOTIFY_EXPECTED] = max(1, req.notif_expected)
                     attrs[semconv.NOTIFY_RECEIVED] = 0
-                    error = (semconv.ERR_NOTIFY_TIMEOUT, "no completion notification arrived")
+                    if req.reg_agents:
+                        attrs[semconv.NOTIFY_RANKS] = []
+                    waited = self._silent(req)
+                    error = (
+                        semconv.ERR_NOTIFY_TIMEOUT,
+                        "no completion notification arrived"
+                        + (f" (none from {waited})" if waited else ""),
+                    )
                     end = max(start, req.last_seen)
                     self.spans.child(out, req, semconv.SPAN_KV_NOTIFY, start, end, attrs, [], error)
                 req.done = True
@@ -115,6 +125,9 @@ class Emitter:
         attrs[semconv.THREAD] = "model_runner"
         attrs[semconv.NOTIFY_EXPECTED] = expected
         attrs[semconv.NOTIFY_RECEIVED] = received
+        ranks = [self.peers.rank(a) for a in req.notif_agents]
+        if any(r is not None for r in ranks):
+            attrs[semconv.NOTIFY_RANKS] = [r[2] if r is not None else -1 for r in ranks]
         start = req.notif_times[0] if received else done_time
         end = done_time or req.notif_times[-1]
         events = [Event(semconv.EVENT_NOTIFICATION, timestamp=t) for t in req.notif_times]
@@ -122,11 +135,19 @@ class Emitter:
         if req.failed:
             error = (req.failed, "transfer reported failed")
         elif received < expected:
+            silent = self._silent(req)
             error = (
                 semconv.ERR_NOTIFY_TIMEOUT,
-                f"{received} of {expected} completion notifications arrived",
+                f"{received} of {expected} completion notifications arrived"
+                + (f"; none from {silent}" if silent else ""),
             )
         self.spans.child(
             out, req, semconv.SPAN_KV_NOTIFY, start, max(start, end), attrs, events, error
         )
         req.done = True
+
+    def _silent(self, req: RequestState) -> str:
+        """The peer ranks that were asked (D push: each P rank D registered with) and
+        never notified, named ("rank 1 of prefill-engine-001"); "" when unknown."""
+        heard = set(req.notif_agents)
+        return self.peers.describe([a for a in req.reg_agents if a not in heard])

@@ -123,6 +123,9 @@ class Handshake(NamedTuple):
     t_end: int
     engine: str
     error: str | None
+    # vLLM's own result, {(pp_rank, tp_rank): NIXL agent name} of the peer's ranks this
+    # worker connected to (None on failure): names the rank behind each notification.
+    agents: dict[tuple[int, int], str] | None = None
 
 
 class Results(NamedTuple):

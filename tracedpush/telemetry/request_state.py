@@ -23,6 +23,56 @@ except ImportError:  # pragma: no cover
 Handshake = tuple[int, int, str, str | None]  # (start, end, engine, error)
 
 
+def agent_name(agent: Any) -> str:
+    """A NIXL agent's name as `get_new_notifs` keys it (str). NIXL's `add_remote_agent`
+    returns it as bytes, and vLLM keeps and sends to those bytes."""
+    if isinstance(agent, bytes | bytearray):
+        return bytes(agent).decode("utf-8", "replace")
+    return str(agent)
+
+
+class Peers:
+    """The peer NIXL agents this worker connected to, learnt from its handshakes.
+
+    NIXL keys every notification by the sending agent's name, and vLLM's handshake
+    returns the peer's agents by rank (`{(pp_rank, tp_rank): name}`, what it stores in
+    `_remote_agents[engine]`): so a notification names the rank that sent it, though its
+    text (`"<request>:<tp>"`) does not. Bounded by engines x ranks: an engine's agents
+    are replaced when it is handshaken again."""
+
+    def __init__(self) -> None:
+        self.by_agent: dict[str, tuple[str, int, int]] = {}  # name -> (engine, pp, tp)
+        self.by_engine: dict[str, list[str]] = {}
+
+    def learn(self, engine: str, agents: Any) -> None:
+        try:
+            ranks = [(int(k[0]), int(k[1]), agent_name(v)) for k, v in dict(agents).items()]
+        except (TypeError, ValueError, IndexError):
+            return
+        for name in self.by_engine.pop(engine, ()):
+            self.by_agent.pop(name, None)
+        for pp, tp, name in ranks:
+            self.by_agent[name] = (engine, pp, tp)
+        self.by_engine[engine] = [name for _, _, name in ranks]
+
+    def rank(self, agent: str) -> tuple[str, int, int] | None:
+        return self.by_agent.get(agent)
+
+    def describe(self, agents: list[str]) -> str:
+        """'rank 1 of prefill-engine-001' ('stage 1 rank 0' with pipeline stages; the
+        agent's name when no handshake named it)."""
+        parts = []
+        for agent in agents:
+            known = self.by_agent.get(agent)
+            if known is None:
+                parts.append(f"agent {agent}")
+            else:
+                engine, pp, tp = known
+                where = f"stage {pp} rank {tp}" if pp else f"rank {tp}"
+                parts.append(f"{where} of {engine}")
+        return ", ".join(parts)
+
+
 class RequestState:
     """Everything one process learned about one request (times in ns, 0 = unknown)."""
 
@@ -44,6 +94,7 @@ class RequestState:
         "n_blocks",
         "n_desc",
         "n_done",
+        "notif_agents",
         "notif_expected",
         "notif_times",
         "parent_id",
@@ -54,6 +105,7 @@ class RequestState:
         "push_starts",
         "received",
         "recv_done",
+        "reg_agents",
         "reg_arrival",
         "reg_sent",
         "remote_engine",
@@ -86,6 +138,8 @@ class RequestState:
         self.push_starts: list[int] = []
         self.handshakes: list[Handshake] = []
         self.notif_times: list[int] = []
+        self.notif_agents: list[str] = []  # the sending agent of each notification
+        self.reg_agents: list[str] = []  # D push: the P agents the registration went to
         self.handles: set[int] = set()
         self.telemetry: list[Any] = []
         self.emitted: set[str] = set()
@@ -111,6 +165,7 @@ class RequestTracker:
         self.reqs: dict[str, RequestState] = {}
         self.handle_req: dict[int, str] = {}
         self.handshakes: list[Handshake] = []
+        self.peers = Peers()
         self.requests_seen = 0
         self._prefilling: set[str] = set()  # scheduled, not finished: count their steps
         self.handlers: dict[type, Callable[[Any], Touched]] = {
@@ -243,6 +298,8 @@ class RequestTracker:
     def on_handshake(self, e: ev.Handshake) -> Touched:
         record = (e.t, e.t_end, e.engine, e.error)
         self.handshakes.append(record)
+        if e.agents:
+            self.peers.learn(e.engine, e.agents)
         touched = []
         for req in self.reqs.values():  # requests waiting on this engine
             if req.remote_engine == e.engine and not req.done:
@@ -273,12 +330,15 @@ class RequestTracker:
             return ()
         req = self.req(reg["request_id"])
         req.reg_sent = req.reg_sent or e.t
+        agent = agent_name(e.agent)
+        if agent not in req.reg_agents:  # vLLM sends it to each of P's ranks
+            req.reg_agents.append(agent)
         req.remote_engine = str(reg.get("remote_engine_id", req.remote_engine))
         return (req,)
 
     def on_notifs(self, e: ev.Notifs) -> Touched:
         touched = []
-        for msgs in e.notifs.values():
+        for agent, msgs in e.notifs.items():
             for msg in msgs:
                 if msg.startswith(ev.HEARTBEAT_PREFIX):
                     continue
@@ -296,6 +356,7 @@ class RequestTracker:
                         continue
                     req = self.req(req_id)
                     req.notif_times.append(e.t)
+                    req.notif_agents.append(agent_name(agent))
                     req.notif_expected = self._expected_notifs(req, peer_tp)
                 touched.append(req)
         return touched

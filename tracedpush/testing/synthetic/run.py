@@ -46,12 +46,19 @@ class SyntheticRun:
         return [doc for docs in self.files.values() for doc in docs]
 
     @paused_gc()
-    def write(self, directory: str | os.PathLike[str]) -> list[Path]:
-        """Write every file as JSON lines under `directory`; returns the paths."""
+    def write(
+        self,
+        directory: str | os.PathLike[str],
+        proxy_directory: str | os.PathLike[str] | None = None,
+    ) -> list[Path]:
+        """Write every file as JSON lines under `directory` (the proxy's under
+        `proxy_directory` if given: a proxy told another place than the engines);
+        returns the paths."""
         out = []
         root = Path(directory)
+        proxy_root = Path(proxy_directory) if proxy_directory is not None else root
         for name, docs in self.files.items():
-            path = root / name
+            path = (proxy_root if "proxy" in name else root) / name
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("w") as fh:
                 for doc in docs:
