@@ -94,6 +94,8 @@ FIELD_CASES = [
     (CHAT, {"continue_final_message": True}, "continue_final_message", "add_generation_prompt"),
     (CHAT, {"tools": "none"}, "tools", "objects"),
     (CHAT, {"messages": [{"role": "user", "content": 5}]}, "messages", "content"),
+    # vLLM takes a null content on an assistant message only (found by the engine fuzz)
+    (CHAT, {"messages": [{"role": "user", "content": None}]}, "messages", "only on an assistant"),
     (COMPLETIONS, {"prompt": [1, -2]}, "prompt", "token ids"),
     (COMPLETIONS, {"kv_transfer_params": {}}, "kv_transfer_params", "must not be sent"),
 ]
@@ -145,7 +147,9 @@ def test_valid_requests_with_many_fields_pass():
             completions = PROMPT | common | {"echo": False, "logprobs": None, "prompt": [1, 2]}
             chat = MESSAGES | common | {"echo": True, "logprobs": False, "top_logprobs": 0}
             chat["messages"] = [
-                {"role": "system", "content": None},
+                {"role": "system", "content": "be brief"},
+                {"role": "assistant", "content": None},
+                {"role": "user"},
                 {"role": "user", "content": [{"type": "text", "text": "hi"}]},
             ]
             for route, body in ((COMPLETIONS, completions), (CHAT, chat)):

@@ -185,6 +185,14 @@ def _check_messages(messages: Any) -> None:
                 f"'messages[{i}]' must be an object with a string 'role'", param="messages"
             )
         content = message.get("content")
+        if content is None and "content" in message and message["role"] != "assistant":
+            # vLLM's message models take a null content on an assistant message only
+            # (one with tool calls); on any other role the engine answers 400
+            raise BadRequest(
+                f"'messages[{i}].content' may be null only on an assistant message "
+                f"(this one's role is {message['role']!r})",
+                param="messages",
+            )
         if content is not None and not isinstance(content, str) and not _is_parts(content):
             raise BadRequest(
                 f"'messages[{i}].content' must be a string, a list of content parts "

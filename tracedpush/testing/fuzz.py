@@ -289,6 +289,8 @@ class RequestSchema:
                 if type(m) is not dict or type(m.get("role")) is not str:
                     return "message"
                 c = m.get("content")
+                if c is None and "content" in m and m["role"] != "assistant":
+                    return "content"  # null: an assistant's only (vLLM's message models)
                 if not (c is None or type(c) is str or parts_ok(c)):
                     return "content"
             rules = self.chat_rules
