@@ -94,6 +94,9 @@ FIELD_CASES = [
     (CHAT, {"continue_final_message": True}, "continue_final_message", "add_generation_prompt"),
     (CHAT, {"tools": "none"}, "tools", "objects"),
     (CHAT, {"messages": [{"role": "user", "content": 5}]}, "messages", "content"),
+    # P answers vLLM's beam requests without kv_transfer_params (found by the engine fuzz)
+    (COMPLETIONS, {"use_beam_search": True}, "use_beam_search", "'-beam'"),
+    (CHAT, {"use_beam_search": True}, "use_beam_search", "P/D disaggregation"),
     # vLLM takes a null content on an assistant message only (found by the engine fuzz)
     (CHAT, {"messages": [{"role": "user", "content": None}]}, "messages", "only on an assistant"),
     (COMPLETIONS, {"prompt": [1, -2]}, "prompt", "token ids"),

@@ -243,6 +243,9 @@ PREFILL_DISCARDED = (
 WHY_PD: dict[str, str] = {
     "best_of": "it asks for several sequences per request, and the prefill and decode legs "
     "are paired by request id, one sequence each",
+    "use_beam_search": "vLLM runs a beam search as requests of its own (ids ending in "
+    "'-beam'), whose prefill answer carries no kv_transfer_params, and the prefill and "
+    "decode legs are paired by request id, one sequence each",
     "echo": "echo returns the prompt with the completion (with 'logprobs', the prompt's "
     f"log-probabilities too); {PREFILL_DISCARDED}",
     "prompt_logprobs": f"{PREFILL_DISCARDED}; asked for prompt log-probabilities, the "
@@ -271,6 +274,7 @@ def pd_unsupported(route_is_chat: bool, body: dict[str, Any]) -> tuple[str, str]
     checks: list[tuple[str, bool]] = [
         ("best_of", _off(best_of) or (is_int(best_of) and best_of == 1)),
         ("prompt_logprobs", _off(body.get("prompt_logprobs"))),
+        ("use_beam_search", _off(body.get("use_beam_search"), false=True)),
     ]
     if route_is_chat:
         checks += [

@@ -252,7 +252,7 @@ class RequestSchema:
             "stream_options": nullable(good_stream_options),
             "ignore_eos": is_bool,
             "skip_special_tokens": is_bool,
-            "use_beam_search": is_bool,
+            "use_beam_search": lambda v: v is False,  # true: vLLM's beam requests, no KV
             "logit_bias": nullable(self.good_bias),
             "allowed_token_ids": nullable(self.token_ids),
             "bad_words": strs_nonempty,
