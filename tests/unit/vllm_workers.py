@@ -19,7 +19,6 @@ rank and world size getters (read once, by the worker's `__init__`), and
 from __future__ import annotations
 
 import pickle
-import socket
 import threading
 import time
 from collections import defaultdict
@@ -51,6 +50,7 @@ from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
 
 import tracedpush.connector as ours
+from tracedpush.testing.net import free_port
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -216,12 +216,6 @@ HEAD_SIZE = 32
 BLOCK_SIZE = 32  # CPU attention needs a multiple of 32
 NUM_BLOCKS = 16
 LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(MODEL_LAYERS)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def model_dir() -> Path:

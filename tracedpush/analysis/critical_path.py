@@ -140,8 +140,7 @@ def last_write(ix: TraceIndex) -> Span | None:
     """P's kv.write whose data landed last. With several P ranks, each WRITEs its share
     and D counts one notification from each: D waited for the last to land, whichever
     rank P's polling happened to see finish last (`TraceIndex.one` would take that)."""
-    writes = [s for s in ix.all(sc.SPAN_KV_WRITE) if role_of(s) in (PREFILL, "")]
-    return max(writes, key=landed_ns, default=None)
+    return max(ix.on_side(sc.SPAN_KV_WRITE, PREFILL), key=landed_ns, default=None)
 
 
 def _worker(s: Span) -> tuple[str, str]:
@@ -152,7 +151,7 @@ def same_worker(ix: TraceIndex, name: str, role: str, like: Span | None) -> Span
     """The `name` span (on `role`'s side) of the worker (instance, TP rank) that emitted
     `like`: the phases before a rank's WRITE are that rank's; `ix.one` when none."""
     if like is not None:
-        mine = [s for s in ix.all(name) if role_of(s) in (role, "") and _worker(s) == _worker(like)]
+        mine = [s for s in ix.on_side(name, role) if _worker(s) == _worker(like)]
         if mine:
             return max(mine, key=lambda s: s.end_ns)
     return ix.one(name, role)

@@ -55,7 +55,6 @@ class FileSource:
 
     def __init__(self, path: str | os.PathLike[str], *more: str | os.PathLike[str]) -> None:
         self.paths = [Path(p) for p in (path, *more)]
-        self.path = self.paths[0]
         self._states: dict[Path, _FileState] = {}
         self.last_error: str | None = None
 
@@ -200,16 +199,13 @@ class TraceStore:
     # ------------------------------------------------------------------ builders
     @classmethod
     def from_path(cls, path: str | os.PathLike[str], *, load: bool = True) -> TraceStore:
-        store = cls(FileSource(path))
-        if load:
-            store.refresh()
-        return store
+        return cls.from_paths([path], load=load)
 
     @classmethod
     def from_paths(
         cls, paths: Iterable[str | os.PathLike[str]], *, load: bool = True
     ) -> TraceStore:
-        """Several files or directories merged into one store (one path: `from_path`)."""
+        """Files or directories merged into one store (a file reached twice is read once)."""
         paths = list(paths)
         if not paths:
             raise ValueError("no trace paths given")

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from tracedpush import semconv as sc
 from tracedpush.analysis.model import STATUS_ERROR, ClockOffset, Resource, Span
-from tracedpush.analysis.timeline import DECODE, PREFILL, PROXY, TraceIndex, role_of
+from tracedpush.analysis.timeline import DECODE, PREFILL, PROXY, TraceIndex
 
 INF = float("inf")
 
@@ -96,7 +96,7 @@ def causal_pairs(ix: TraceIndex) -> Iterator[Pair]:
                 yield reg, reg.end_ns, rdv, rdv.end_ns  # it arrived by the rendezvous end
         # the first notification came from one of P's WRITEs (one per P rank): the
         # earliest posted is certainly before it
-        writes = [s for s in ix.all(sc.SPAN_KV_WRITE) if ok(s) and role_of(s) in (PREFILL, "")]
+        writes = [s for s in ix.on_side(sc.SPAN_KV_WRITE, PREFILL) if ok(s)]
         write = min(writes, key=lambda s: s.start_ns, default=None)
         notify = ix.one(sc.SPAN_KV_NOTIFY, DECODE)
         if write is not None and ok(notify):

@@ -180,6 +180,10 @@ class TraceIndex:
     def all(self, name: str) -> list[Span]:
         return self.by_name.get(name, [])
 
+    def on_side(self, name: str, role: str) -> list[Span]:
+        """Every span called `name` on `role`'s side (one per TP rank, say)."""
+        return [s for s in self.by_name.get(name, ()) if role_of(s) in (role, "")]
+
     def int_attr(self, key: str, *names: str) -> int | None:
         for name in names:
             for s in self.by_name.get(name, ()):

@@ -92,6 +92,11 @@ class DeploymentConfig:
     collect_forward: str | None = None  # its --forward (e.g. Jaeger's http://host:4318)
     collect_args: tuple[str, ...] = ()
 
+    def engine_args_for(self, role: str) -> tuple[str, ...]:
+        """The extra vLLM arguments of `role`'s engines: every engine's, then the role's."""
+        own = self.prefill_args if role == "prefill" else self.decode_args
+        return (*self.engine_args, *own)
+
 
 def _resolve(config: DeploymentConfig, log: Log) -> DeploymentConfig:
     if config.mode not in ("push", "pull"):
@@ -124,8 +129,8 @@ def _resolve(config: DeploymentConfig, log: Log) -> DeploymentConfig:
             raise ValueError(
                 f"{len(gpus)} --{role}-gpus for {count} {role} engine(s): give one per engine"
             )
-    for args in (config.prefill_args, config.decode_args):
-        servers.parallel_sizes((*config.engine_args, *args))  # ValueError names the flag
+    for role in ("prefill", "decode"):
+        servers.parallel_sizes(config.engine_args_for(role))  # ValueError names the flag
     return replace(
         config,
         platform=platform,
@@ -156,8 +161,7 @@ class Deployment:
         on_cpu = c.platform == "cpu"  # one core per engine; a GPU engine is not pinned
 
         def spec(role: servers.Role, i: int, port: int, side: int, core: int) -> EngineSpec:
-            role_args = c.prefill_args if role == "prefill" else c.decode_args
-            tp, pp = servers.parallel_sizes((*c.engine_args, *role_args))
+            tp, pp = servers.parallel_sizes(c.engine_args_for(role))
             gpus = c.prefill_gpus if role == "prefill" else c.decode_gpus
             return EngineSpec(
                 role,
@@ -370,7 +374,7 @@ class Deployment:
             c.trace,
             # with collect the engines write no files: they export to it (`_otlp_env`)
             self.traces_dir if c.trace and not c.collect else None,
-            (*c.engine_args, *(c.prefill_args if e.role == "prefill" else c.decode_args)),
+            c.engine_args_for(e.role),
             kv_extra_config=c.kv_extra_config,
             kv_buffer_device=c.kv_buffer_device or "cpu",
         )

