@@ -2,6 +2,7 @@
 
 streamlit run console/app.py -- --traces DIR        # or: tracedpush console --traces DIR
 streamlit run console/app.py -- --jaeger http://localhost:16686
+streamlit run console/app.py -- --bench runs/sweep   # a sweep's results (its traces beside)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ PAGES = [
     st.Page("views/overview.py", title="Overview", icon=":material/compare_arrows:", default=True),
     st.Page("views/timeline.py", title="Request timeline", icon=":material/view_timeline:"),
     st.Page("views/phases.py", title="Phases", icon=":material/stacked_bar_chart:"),
+    st.Page("views/sweep.py", title="Sweep", icon=":material/ssid_chart:"),
     st.Page("views/live.py", title="Live", icon=":material/monitoring:"),
     st.Page("views/export.py", title="Export", icon=":material/download:"),
 ]
@@ -27,6 +29,10 @@ def sidebar() -> None:
     with st.sidebar:
         st.caption("Traces")
         st.markdown(f"`{source.label}`")
+        results = ui.current_bench()
+        if results:
+            st.caption("Benchmark results (Sweep)")
+            st.markdown(f"`{results}`")
         feed = data.feed(source)
         if st.button("Reload", help="read traces that arrived since the last load"):
             try:

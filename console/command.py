@@ -1,4 +1,5 @@
-"""`tracedpush console`: serve the Streamlit console on a traces directory or Jaeger.
+"""`tracedpush console`: serve the Streamlit console on a traces directory or Jaeger, and
+on a benchmark sweep's results (``--bench``: the Sweep page).
 
 The app lives in ``console/`` at the top of the repository, installed as the
 ``tracedpush.console`` package (pyproject.toml maps it), so this command finds ``app.py``
@@ -27,7 +28,7 @@ def app_path() -> Path:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    source = parser.add_mutually_exclusive_group(required=True)
+    source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--traces",
         metavar="DIR",
@@ -37,6 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     source.add_argument(
         "--jaeger", metavar="URL", help="Jaeger query base URL, e.g. http://localhost:16686"
+    )
+    parser.add_argument(
+        "--bench",
+        metavar="PATH",
+        help="benchmark results for the Sweep page: a `tracedpush bench sweep` directory or "
+        "one `vllm bench serve --save-detailed` result file; without --traces/--jaeger, "
+        "the traces are PATH/traces",
     )
     parser.add_argument(
         "--service",
@@ -79,13 +87,21 @@ def streamlit_command(
     ]
 
 
+def _absolute(path: str) -> str:
+    return str(Path(path).expanduser().resolve())
+
+
 def app_arguments(args: argparse.Namespace) -> list[str]:
     """The arguments the app itself parses (see console/source.py)."""
+    out: list[str] = []
     if args.traces:
-        return [a for p in args.traces for a in ("--traces", str(Path(p).expanduser().resolve()))]
-    out = ["--jaeger", args.jaeger, "--lookback", args.lookback]
-    if args.service:
-        out += ["--service", args.service]
+        out = [a for p in args.traces for a in ("--traces", _absolute(p))]
+    elif args.jaeger:
+        out = ["--jaeger", args.jaeger, "--lookback", args.lookback]
+        if args.service:
+            out += ["--service", args.service]
+    if getattr(args, "bench", None):
+        out += ["--bench", _absolute(args.bench)]
     return out
 
 
@@ -131,7 +147,13 @@ def serve(
 
 
 def run(args: argparse.Namespace) -> int:
-    for path in args.traces or ():
+    if not (args.traces or args.jaeger or args.bench):
+        print(
+            "tracedpush console: give a source: --traces DIR, --jaeger URL or --bench PATH",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    for path in [*(args.traces or ()), *([args.bench] if args.bench else [])]:
         if not Path(path).expanduser().exists():
             # Still serve: the app says so and picks the traces up once they appear.
             print(f"note: {path} does not exist yet", file=sys.stderr)

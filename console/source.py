@@ -5,6 +5,11 @@ The app gets its source from the arguments after ``--`` (``streamlit run console
 scripts configure it without a command line); the sidebar can switch it at run time.
 Several ``--traces`` (or ``TRACEDPUSH_TRACES=A:B``, separated like PATH) are read as one
 store: e.g. the engines' traces_dir and the proxy's, when they differ.
+
+``--bench PATH`` (``TRACEDPUSH_BENCH``) names benchmark results for the Sweep page: a
+``tracedpush bench sweep`` directory or one result file. A sweep keeps its traces beside
+its results (``<sweep>/traces``), so with ``--bench`` and no other source that is the
+trace source too: the cell a Sweep page explains is in the traces the other pages show.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ ENV_TRACES = "TRACEDPUSH_TRACES"
 ENV_JAEGER = "TRACEDPUSH_JAEGER"
 ENV_JAEGER_SERVICE = "TRACEDPUSH_JAEGER_SERVICE"
 ENV_LOOKBACK = "TRACEDPUSH_JAEGER_LOOKBACK"
+ENV_BENCH = "TRACEDPUSH_BENCH"
+BENCH_TRACES = "traces"  # where `tracedpush bench sweep` writes a sweep's traces
 DEFAULT_LOOKBACK = "1h"
 
 
@@ -70,16 +77,39 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--jaeger")
     p.add_argument("--service")
     p.add_argument("--lookback")
+    p.add_argument("--bench")
     return p
 
 
-def from_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Source:
-    """The configured source: command-line flags first, then environment variables."""
-    env = os.environ if env is None else env
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
     try:
         ns, _ = _parser().parse_known_args(list(argv))
     except argparse.ArgumentError:
-        ns = argparse.Namespace(traces=None, jaeger=None, service=None, lookback=None)
+        ns = argparse.Namespace(traces=None, jaeger=None, service=None, lookback=None, bench=None)
+    return ns
+
+
+def bench_from_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str | None:
+    """The benchmark results to show (absolute path), from ``--bench`` or ``TRACEDPUSH_BENCH``."""
+    env = os.environ if env is None else env
+    path = _parse(argv).bench or env.get(ENV_BENCH)
+    return str(Path(path).expanduser().resolve()) if path else None
+
+
+def bench_traces(bench: str | None) -> str | None:
+    """A sweep's own traces: ``<dir>/traces`` (for one result file, beside it), if there."""
+    if not bench:
+        return None
+    root = Path(bench)
+    found = (root if not root.is_file() else root.parent) / BENCH_TRACES
+    return str(found) if found.is_dir() else None
+
+
+def from_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Source:
+    """The configured source: command-line flags first, then environment variables, then
+    the traces of the ``--bench`` sweep."""
+    env = os.environ if env is None else env
+    ns = _parse(argv)
     lookback = ns.lookback or env.get(ENV_LOOKBACK) or DEFAULT_LOOKBACK
     service = ns.service or env.get(ENV_JAEGER_SERVICE) or None
     if ns.traces:
@@ -90,4 +120,7 @@ def from_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Sour
         return Source.traces([p for p in env[ENV_TRACES].split(os.pathsep) if p])
     if env.get(ENV_JAEGER):
         return Source("jaeger", env[ENV_JAEGER].rstrip("/"), service, lookback)
+    beside = bench_traces(bench_from_args(argv, env))
+    if beside is not None:
+        return Source.traces([beside])
     return Source("none")

@@ -15,10 +15,11 @@ from typing import Any
 import streamlit as st
 
 from tracedpush.console import data
-from tracedpush.console.source import Source, from_args
+from tracedpush.console.source import Source, bench_from_args, from_args
 
 REQUEST_KEY = "request"  # session state and query parameter: selected trace id
 SOURCE_KEY = "source"  # session state: a Source chosen in the sidebar
+BENCH_KEY = "bench"  # session state: benchmark results typed on the Sweep page
 TIMELINE_PAGE = "views/timeline.py"
 AUTO_REFRESH_S = 10.0
 
@@ -30,8 +31,28 @@ def current_source() -> Source:
     return from_args(sys.argv[1:])
 
 
+def current_bench() -> str | None:
+    """The benchmark results the Sweep page shows: typed on the page, else --bench or
+    ``TRACEDPUSH_BENCH``."""
+    chosen = st.session_state.get(BENCH_KEY)
+    if isinstance(chosen, str) and chosen:
+        return chosen
+    return bench_from_args(sys.argv[1:])
+
+
 def show_error(err: data.SourceError) -> None:
     (st.info if err.level == "info" else st.warning)(str(err))
+
+
+def _fresh_snapshot() -> data.Snapshot:
+    """The current source's analysis, refreshed at most every ``AUTO_REFRESH_S`` (at once
+    while there is nothing yet); raises `data.SourceError`."""
+    feed = data.feed(current_source())
+    snap = feed.snapshot()
+    if not snap.run.requests or time.time() - feed.last_refresh > AUTO_REFRESH_S:
+        feed.tick()
+        snap = feed.snapshot()
+    return snap
 
 
 def snapshot() -> data.Snapshot:
@@ -40,12 +61,8 @@ def snapshot() -> data.Snapshot:
     Pages pick up new traces on their own, at most every ``AUTO_REFRESH_S`` (at once
     while there is nothing yet): a refresh is cheap when nothing arrived, and a slow
     re-analysis runs in the background (``Feed.tick``)."""
-    feed = data.feed(current_source())
     try:
-        snap = feed.snapshot()
-        if not snap.run.requests or time.time() - feed.last_refresh > AUTO_REFRESH_S:
-            feed.tick()
-            snap = feed.snapshot()
+        snap = _fresh_snapshot()
     except data.SourceError as err:
         show_error(err)
         st.stop()
@@ -53,6 +70,18 @@ def snapshot() -> data.Snapshot:
         no_requests(snap)
         st.stop()
     return snap
+
+
+def snapshot_or_message() -> tuple[data.Snapshot | None, str | None]:
+    """`snapshot`, or None and why not, without stopping the page (for a page that
+    draws something without traces)."""
+    try:
+        snap = _fresh_snapshot()
+    except data.SourceError as err:
+        return None, str(err)
+    if not snap.run.requests:
+        return None, f"No requests in the traces at {snap.source.label} yet."
+    return snap, None
 
 
 def no_requests(snap: data.Snapshot) -> None:

@@ -17,6 +17,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "proxy": ("tracedpush.proxy.command", "Run the OpenAI-compatible P/D proxy (push or pull)."),
     "up": ("tracedpush.launcher.command", "Launch a local 1P1D (prefill, decode, proxy)."),
     "demo": ("tracedpush.bench.demo", "Run push then pull on a mixed workload; print a table."),
+    "bench": (
+        "tracedpush.bench.command",
+        "Benchmarks: `bench sweep` runs QPS x input length, push vs pull (vLLM's format).",
+    ),
     "report": ("tracedpush.analysis.command", "Analyse traces: critical path, skew, push vs pull."),
     "console": ("tracedpush.console.command", "Serve the Streamlit console on a traces source."),
     "collect": (

@@ -3,14 +3,20 @@ helpers that read the plotted figures back as JSON."""
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from tracedpush.analysis import RequestAnalysis, RunAnalysis, TraceStore, analyze
+from tracedpush.analysis.bench_results import OURS, REQUEST_IDS, SWEEP_MANIFEST, cell_filename
 from tracedpush.console.source import ENV_JAEGER, ENV_TRACES
 from tracedpush.testing.synthetic import SyntheticRun, generate
 from tracedpush.testing.synthetic.ranks import add_prefill_rank
@@ -84,3 +90,98 @@ def app(monkeypatch: pytest.MonkeyPatch) -> Iterator[AppFactory]:
         return at
 
     yield make
+
+
+# ------------------------------------------------------------------ a synthetic sweep
+
+SWEEP_QPS = (1.0, 4.0)
+SWEEP_LENS = (256, 2048)
+SWEEP_PER_CELL = 6
+CLIENT_EXTRA_S = 0.0008  # the client sees its first token this long after the proxy sends it
+
+
+def sweep_prefix(mode: str, qps: float, input_len: int) -> str:
+    """What `tracedpush bench sweep` names a cell's requests: prefix + row index."""
+    return f"sweep-t3st-{cell_filename(mode, qps, input_len).removesuffix('.json')}-"
+
+
+def write_sweep(directory: Path, *, seed: int = 11) -> tuple[Path, SyntheticRun]:
+    """A `tracedpush bench sweep` results directory: one `vllm bench serve --save-detailed`
+    file per (mode, QPS, input length) with our ``request_ids`` and block, the synthetic
+    traces of the same requests under ``traces/<mode>/`` (their request ids renamed to the
+    cells' ``prefix + i``), and ``sweep.json``. Client TTFTs are the traces' plus 0.8 ms."""
+    cells = [(n, q) for n in SWEEP_LENS for q in SWEEP_QPS]
+    prompts = [n for n, _ in cells for _ in range(SWEEP_PER_CELL)]
+    run = generate(
+        2 * len(prompts), seed=seed, prompt_tokens=prompts, output_tokens=(8, 24),
+        start_unix_s=time.time() - 900,
+    )  # fmt: skip
+    renamed: dict[str, str] = {}
+    for mode in ("push", "pull"):
+        ours = sorted((r for r in run.requests if r.mode == mode), key=lambda r: r.request_id)
+        for j, (n, q) in enumerate(cells):
+            rows = ours[j * SWEEP_PER_CELL : (j + 1) * SWEEP_PER_CELL]
+            prefix = sweep_prefix(mode, q, n)
+            for i, r in enumerate(rows):
+                renamed[r.request_id] = f"{prefix}{i}"
+                r.request_id = f"{prefix}{i}"
+            _write_cell(directory, mode, q, n, prefix, rows)
+    traces = directory / "traces"
+    run.write(traces)
+    pattern = re.compile(r"\b(?:push|pull)-\d{5}\b")
+    for path in traces.rglob("*.jsonl"):
+        path.write_text(pattern.sub(lambda m: renamed.get(m[0], m[0]), path.read_text()))
+    manifest = {"modes": ["push", "pull"], "qps": list(SWEEP_QPS), "input_lens": list(SWEEP_LENS)}
+    (directory / SWEEP_MANIFEST).write_text(json.dumps(manifest))
+    return directory, run
+
+
+def _write_cell(
+    directory: Path, mode: str, qps: float, n: int, prefix: str, rows: list[Any]
+) -> None:
+    ttfts = [r.ttft_ms / 1000 + CLIENT_EXTRA_S for r in rows]
+    itls = [[r.tpot_ms / 1000] * (r.output_tokens - 1) for r in rows]
+    lat = [t + sum(i) for t, i in zip(ttfts, itls, strict=True)]
+    tpots = [(x - t) / (r.output_tokens - 1) for x, t, r in zip(lat, ttfts, rows, strict=True)]
+    data: dict[str, Any] = {
+        "date": "20250101-000000", "endpoint_type": "openai", "backend": "vllm",
+        "model_id": "tiny", "num_prompts": len(rows), "request_rate": qps,
+        "burstiness": 1.0, "max_concurrency": None, "duration": 10.0,
+        "completed": len(rows), "failed": 0,
+        "input_lens": [n] * len(rows),
+        "output_lens": [r.output_tokens for r in rows],
+        "ttfts": ttfts, "itls": itls, "latencies": lat,
+        "start_times": [r.start_unix_ns / 1e9 for r in rows],
+        "generated_texts": ["x" * r.output_tokens for r in rows],
+        "errors": [""] * len(rows),
+        REQUEST_IDS: [f"{prefix}{i}" for i in range(len(rows))],
+        OURS: {"version": 1, "complete": True, "mode": mode, "qps": qps, "input_len": n,
+               "output_len": 24, "request_id_prefix": prefix, "traces": f"traces/{mode}"},
+    }  # fmt: skip
+    for name, values in (("ttft", ttfts), ("tpot", tpots), ("e2el", lat)):
+        data[f"mean_{name}_ms"] = float(np.mean(values)) * 1000
+        data[f"median_{name}_ms"] = float(np.median(values)) * 1000
+        data[f"p99_{name}_ms"] = float(np.percentile(values, 99)) * 1000
+    (directory / cell_filename(mode, qps, n)).write_text(json.dumps(data))
+
+
+@pytest.fixture(scope="session")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SyntheticRun]:
+    """A synthetic sweep directory (`write_sweep`), 2 QPS x 2 lengths x 2 modes."""
+    return write_sweep(tmp_path_factory.mktemp("console-sweep"))
+
+
+@pytest.fixture
+def captured_streamlit(monkeypatch: pytest.MonkeyPatch) -> dict:
+    """Popen replaced: the streamlit command line the CLI would run, under "cmd"."""
+    seen: dict = {}
+
+    class Proc:
+        def __init__(self, cmd, env):
+            seen["cmd"] = cmd
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Proc)
+    return seen

@@ -29,21 +29,6 @@ def test_streamlit_command_is_headless_and_passes_the_source():
     assert cmd[cmd.index("--") + 1 :] == ["--traces", "/x"]
 
 
-def _capture_streamlit(monkeypatch) -> dict:
-    """Popen replaced: the streamlit command line the CLI would run, under "cmd"."""
-    seen: dict = {}
-
-    class Proc:
-        def __init__(self, cmd, env):
-            seen["cmd"] = cmd
-
-        def wait(self):
-            return 0
-
-    monkeypatch.setattr(subprocess, "Popen", Proc)
-    return seen
-
-
 @pytest.mark.parametrize(
     ("argv", "app_args"),
     [
@@ -54,8 +39,8 @@ def _capture_streamlit(monkeypatch) -> dict:
         ),
     ],
 )
-def test_cli_runs_streamlit(monkeypatch, argv, app_args):
-    seen = _capture_streamlit(monkeypatch)
+def test_cli_runs_streamlit(monkeypatch, argv, app_args, captured_streamlit):
+    seen = captured_streamlit
     assert cli_main(["console", *argv, "--port", "8999"]) == 0
     cmd = seen["cmd"]
     assert "--server.port=8999" in cmd
@@ -94,7 +79,9 @@ def test_console_imports_neither_vllm_nor_nixl():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
-def test_several_traces_reach_the_app_and_load_as_one_store(monkeypatch, tmp_path):
+def test_several_traces_reach_the_app_and_load_as_one_store(
+    monkeypatch, tmp_path, captured_streamlit
+):
     """`tracedpush console --traces ENGINES --traces PROXY`: one store, whole traces."""
 
     from tracedpush.console import data
@@ -103,7 +90,7 @@ def test_several_traces_reach_the_app_and_load_as_one_store(monkeypatch, tmp_pat
     gen = synthetic.generate(8, seed=5)
     engines, proxy = tmp_path / "engines", tmp_path / "proxy"
     gen.write(engines, proxy)
-    seen = _capture_streamlit(monkeypatch)
+    seen = captured_streamlit
     assert cli_main(["console", "--traces", str(engines), "--traces", str(proxy)]) == 0
     app_args = seen["cmd"][seen["cmd"].index("--") + 1 :]
     assert app_args == ["--traces", str(engines), "--traces", str(proxy)]

@@ -23,10 +23,18 @@ PAGES = {
     "": "Push vs pull",
     "timeline": "Request timeline",
     "phases": "Phases",
+    "sweep": "Sweep",
     "live": "Live",
     "export": "Export",
 }
-NAVIGATION = ["Overview", "Request timeline", "Phases", "Live", "Export"]  # app.py's titles
+NAVIGATION = [
+    "Overview",
+    "Request timeline",
+    "Phases",
+    "Sweep",
+    "Live",
+    "Export",
+]  # app.py's titles
 
 SHOWN = """
 const texts = css => [...document.querySelectorAll(css)].map(e => e.innerText.trim());

@@ -21,7 +21,7 @@ from tracedpush.testing.figures import Figures
 
 MODES = [pytest.param(m, marks=pytest.mark.pd(m), id=m) for m in ("push", "pull")]
 FREED_WITHIN_S = 60.0  # P's KV lease (30 s) in pull mode, plus slack
-LONG_PROMPT = "a client that leaves early " * 200  # P's prefill takes a while
+LONG_PROMPT = "a client that leaves early " * 600  # ~3,000 tokens: P's prefill takes a while
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

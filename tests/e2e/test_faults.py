@@ -117,7 +117,7 @@ def _stream(
     request_id: str,
     max_tokens: int,
     first: threading.Event | None,
-    prompt: str = "the handoff under fire " * 40,
+    prompt: str = "the handoff under fire " * 96,  # ~480 tokens
 ) -> dict:
     """One streamed completion; what the client saw: status, tokens, an error's text."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
@@ -276,7 +276,7 @@ def test_killing_decode_under_load_leaves_prefill_serving(
         up.stop_clean()
 
 
-LONG_PROMPT = "the handoff under fire " * 150  # ~1,350 tokens: P's prefill takes a while
+LONG_PROMPT = "the handoff under fire " * 360  # ~1,800 tokens: P's prefill takes a while
 DECODE = "http://127.0.0.1:18600"
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,6 +15,10 @@ import pytest
 from tracedpush.model import build as mb
 
 pytest.importorskip("tokenizers")
+
+REPO = Path(__file__).resolve().parents[2]
+# Plain English prose written for this test, never seen by the word list or the corpus.
+HELD_OUT = REPO / "tests" / "data" / "english_prose.txt"
 
 
 def _digests(d: Path) -> dict[str, str]:
@@ -43,8 +49,8 @@ def test_config_is_the_specified_qwen2(model_dir: Path) -> None:
     assert cfg["model_type"] == "qwen2"
     assert (cfg["hidden_size"], cfg["num_hidden_layers"]) == (128, 4)
     assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (4, 2, 32)
-    assert cfg["vocab_size"] == 512
-    assert cfg["max_position_embeddings"] >= 4096
+    assert cfg["vocab_size"] == 16384
+    assert cfg["max_position_embeddings"] >= 16384  # a 16k-token prompt fits
     assert cfg["torch_dtype"] == "bfloat16"
 
 
@@ -87,15 +93,52 @@ def test_tokenizer_round_trips_and_compresses(model_dir: Path) -> None:
     from tracedpush.model.corpus import paragraphs
 
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    assert tok.get_vocab_size() == 512
+    assert tok.get_vocab_size() == 16384
     assert [tok.token_to_id(t) for t in mb.SPECIAL_TOKENS] == [0, 1, 2]
     text = " ".join(paragraphs(7, 50)) + "\nÜnïcode, 12345 and\ttabs {json: [1, 2]}"
     ids = tok.encode(text).ids
     assert tok.decode(ids) == text
-    assert max(ids) < 512
-    assert len(text) / len(ids) > 2.0  # learned merges, not one token per byte
+    assert max(ids) < 16384
+    assert len(text) / len(ids) > 3.5  # whole words, not one token per byte
     chat = "<|im_start|>user\nhi<|im_end|>\n"
     assert tok.encode(chat).ids[0] == tok.token_to_id("<|im_start|>")
+
+
+def _tokens_per_word(tok: Any, text: str) -> float:
+    return len(tok.encode(text).ids) / len(text.split())
+
+
+def test_about_one_and_a_fifth_tokens_per_english_word(model_dir: Path) -> None:
+    """Real English prose it never saw costs about 1.2 tokens a word (docs/model.md)."""
+    from tokenizers import Tokenizer
+
+    from tracedpush.model.corpus import paragraphs
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    prose = HELD_OUT.read_text(encoding="utf-8")
+    assert len(prose.split()) > 900
+    assert _tokens_per_word(tok, prose) <= 1.3
+    assert _tokens_per_word(tok, " ".join(paragraphs(7, 400))) <= 1.5  # numbers, code
+
+
+def test_word_list_is_part_of_the_builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A changed word list changes the tokenizer, so it must make existing builds stale."""
+    from tracedpush.model import corpus
+
+    words = corpus.words()
+    assert len(words) > 10_000 and words[:3] == ("the", "to", "a")
+    assert len(set(words)) == len(words) and all(w.strip() == w for w in words)
+    before = mb.builder_digest()
+    other = tmp_path / "words.txt"
+    other.write_text(corpus.WORDS_FILE.read_text(encoding="utf-8") + "zebra\n")
+    monkeypatch.setattr(corpus, "WORDS_FILE", other)
+    assert mb.builder_digest() != before
+
+
+def test_word_list_ships_in_the_wheel() -> None:
+    """words.txt is not a module: without package-data the wheel would leave it out."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "words.txt" in project["tool"]["setuptools"]["package-data"]["tracedpush.model"]
 
 
 def test_complete_build_is_left_alone(model_dir: Path) -> None:

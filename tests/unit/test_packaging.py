@@ -100,6 +100,7 @@ def test_the_wheel_ships_the_console_as_tracedpush_console(wheel: zipfile.ZipFil
         "tracedpush/console/views/phases.py",
         "tracedpush/console/views/live.py",
         "tracedpush/console/views/export.py",
+        "tracedpush/console/views/sweep.py",
     } <= console
     assert console <= names, sorted(console - names)
     assert not [n for n in names if n.startswith("console/")]  # no top-level `console`

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 from tracedpush.analysis.analyze import analyze
+from tracedpush.analysis.bench import join, render_bench
+from tracedpush.analysis.bench_results import BenchFormatError, BenchResult, load_results
 from tracedpush.analysis.compare import compare
 from tracedpush.analysis.jaeger import parse_duration
 from tracedpush.analysis.load import TraceStore
@@ -36,8 +38,23 @@ def _duration(text: str) -> str:
     return text
 
 
+EPILOG = """sources: --traces DIR or --jaeger URL; or --bench PATH alone, whose traces are
+the directories its result files name, else PATH/traces.
+
+--bench joins each request of benchmark result files (`tracedpush bench sweep`, or
+`vllm bench serve --save-result --save-detailed`) to its trace by request id, and
+compares push vs pull per input length x QPS cell: client TTFT/TPOT percentiles and
+ratios, client vs proxy TTFT agreement, where the TTFT difference goes. vLLM's own
+files carry no ids: the prefix their rows were sent with is inferred from the traces
+or given with --request-id-prefix. See docs/report.md."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    src = parser.add_mutually_exclusive_group(required=True)
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    # --traces or --jaeger is required unless --bench names results that say where their
+    # traces are: argparse cannot say "one of these, or that", so `run` checks it.
+    src = parser.add_mutually_exclusive_group()
     src.add_argument(
         "--traces",
         metavar="DIR",
@@ -48,6 +65,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--jaeger", metavar="URL", help="Jaeger query service, e.g. http://localhost:16686"
     )
+    parser.add_argument(
+        "--bench",
+        metavar="PATH",
+        action="append",
+        help="benchmark results (`vllm bench serve --save-result --save-detailed` JSON, "
+        "or a `tracedpush bench sweep` directory): join each request to its trace and "
+        "compare push vs pull per input length x QPS cell; repeatable. Traces: --traces / "
+        "--jaeger, else the directories the results name, else PATH/traces",
+    )
+    parser.add_argument(
+        "--request-id-prefix",
+        metavar="PREFIX",
+        help="--bench: the --request-id-prefix a result file without request ids was "
+        "sent with (row i had id PREFIX<i>); default: inferred from the traces",
+    )
     parser.add_argument("--service", help="Jaeger service to search (default: the proxy's)")
     parser.add_argument(
         "--lookback", default="1h", type=_duration, help="Jaeger search window (default 1h)"
@@ -56,7 +88,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--trace-id", action="append", default=[], help="only this trace (repeatable)"
     )
     parser.add_argument(
-        "--format", choices=("table", "json", "perfetto"), default="table", help="output format"
+        "--format",
+        choices=("table", "json", "perfetto"),
+        default="table",
+        help="output format (--bench: table or json)",
     )
     parser.add_argument("--out", metavar="FILE", help="write here instead of stdout")
     parser.add_argument(
@@ -86,24 +121,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.traces:
-        missing = [p for p in args.traces if not Path(p).exists()]
+def _error(message: str, code: int = 2) -> int:
+    print(f"tracedpush report: {message}", file=sys.stderr)
+    return code
+
+
+def _store(args: argparse.Namespace, traces: list[str] | None) -> TraceStore | int:
+    """The trace store, or the exit status after saying why there is none."""
+    if traces:
+        missing = [p for p in traces if not Path(p).exists()]
         if missing:
             for p in missing:
-                print(f"tracedpush report: {p}: no such file or directory", file=sys.stderr)
+                _error(f"{p}: no such file or directory")
             return 2
-        store = TraceStore.from_paths(args.traces)
+        return TraceStore.from_paths(traces)
+    store = TraceStore.from_jaeger(
+        args.jaeger,
+        service=args.service,
+        lookback=args.lookback,
+        trace_ids=args.trace_id or None,
+    )
+    if store.last_error:
+        return _error(store.last_error, 1)
+    return store
+
+
+def _write(args: argparse.Namespace, text: str, what: str) -> None:
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+        print(f"wrote {args.out} ({what}, format {args.format})", file=sys.stderr)
     else:
-        store = TraceStore.from_jaeger(
-            args.jaeger,
-            service=args.service,
-            lookback=args.lookback,
-            trace_ids=args.trace_id or None,
-        )
-        if store.last_error:
-            print(f"tracedpush report: {store.last_error}", file=sys.stderr)
-            return 1
+        sys.stdout.write(text + "\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.bench:
+        return run_bench(args)
+    if not (args.traces or args.jaeger):
+        return _error("one of --traces, --jaeger or --bench is required")
+    if args.request_id_prefix is not None:
+        return _error("--request-id-prefix needs --bench")
+    store = _store(args, args.traces)
+    if isinstance(store, int):
+        return store
     kwargs = {}
     if args.buckets:
         kwargs["buckets"] = args.buckets
@@ -132,13 +193,65 @@ def run(args: argparse.Namespace) -> int:
         text = json.dumps(run_json(result, spans=args.spans), indent=1)
     else:
         text = json.dumps(to_perfetto(result), separators=(",", ":"))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
-        print(
-            f"wrote {args.out} ({len(result.requests)} requests, format {args.format})",
-            file=sys.stderr,
-        )
-    else:
-        sys.stdout.write(text + "\n")
+    _write(args, text, f"{len(result.requests)} requests")
     return 0 if result.requests else 1
+
+
+def bench_traces(paths: list[str], results: list[BenchResult]) -> list[Path]:
+    """Where the traces of `results` are when --traces / --jaeger are not given: the
+    directories the files name (our block), else ``PATH/traces`` (a file: beside it)."""
+    named = sorted({r.traces for r in results if r.traces is not None and r.traces.exists()})
+    if named:
+        return named
+    found = []
+    for p in map(Path, paths):
+        d = (p if p.is_dir() else p.parent) / "traces"
+        if d.exists() and d not in found:
+            found.append(d)
+    return found
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """``report --bench``: results joined to traces, push vs pull per cell."""
+    if args.format == "perfetto":
+        return _error("--bench writes table or json, not perfetto")
+    try:
+        results, skipped = load_results(args.bench)
+    except (FileNotFoundError, BenchFormatError) as exc:
+        return _error(str(exc))
+    for msg in skipped:
+        _error(f"skipped {msg}", 0)
+    if not results:
+        return _error(f"no benchmark result files in {', '.join(args.bench)}")
+    traces: list[str] | None = args.traces
+    if not traces and not args.jaeger:
+        named = [r.traces for r in results if r.traces is not None]
+        found = bench_traces(args.bench, results)
+        if not found:
+            gone = f" ({', '.join(sorted({str(p) for p in named}))} named but absent)"
+            return _error(
+                "no traces for the benchmark results"
+                + (gone if named else "")
+                + ": pass --traces DIR (or --jaeger URL)"
+            )
+        for p in sorted({str(p) for p in named if not p.exists()}):
+            _error(f"{p}: named by a result file but absent", 0)
+        traces = [str(p) for p in found]
+    store = _store(args, traces)
+    if isinstance(store, int):
+        return store
+    run = analyze(
+        store, correct_skew=not args.no_skew_correction, skew_policy=args.skew_policy, spans=False
+    )
+    bj = join(results, run, args.request_id_prefix, skipped=skipped)
+    if not bj.joined:
+        why = "; ".join(bj.notes) or "no request id of the results is in the traces"
+        return _error(
+            f"no benchmark request joined to a trace ({bj.rows} requests in "
+            f"{len(results)} files, {len(run.requests)} requests in {store.describe()}): "
+            f"{why}; check --traces, or pass --request-id-prefix",
+            1,
+        )
+    text = json.dumps(bj.to_json(), indent=1) if args.format == "json" else render_bench(bj)
+    _write(args, text, f"{bj.rows} requests in {len(results)} files, {bj.joined} joined")
+    return 0

@@ -191,9 +191,10 @@ class Comparison:
         }
 
 
-def _group(
+def group(
     bucket: str, load: str, by_mode: dict[str, list[RequestAnalysis]], a: str, b: str
 ) -> ComparisonGroup:
+    """Compare the requests of each mode as one group (a sweep cell, a bucket, ...)."""
     n = {m: len(rs) for m, rs in by_mode.items()}
     ttft = {m: summary(r.ttft_ms for r in rs if r.ttft_ms is not None) for m, rs in by_mode.items()}
     tpot = {m: summary(r.tpot_ms for r in rs if r.tpot_ms is not None) for m, rs in by_mode.items()}
@@ -332,7 +333,7 @@ def compare(run: RunAnalysis, a: str = "push", b: str = "pull") -> Comparison:
             _order(load_order, k[1]),
         ),
     )
-    groups = [_group(bk, ld, cells[(bk, ld)], a, b) for bk, ld in keys]
+    groups = [group(bk, ld, cells[(bk, ld)], a, b) for bk, ld in keys]
     return Comparison(a, b, groups, b_present, l_present)
 
 

@@ -63,9 +63,11 @@ class TinyQwen2Spec:
     num_key_value_heads: int = 2
     head_dim: int = 32
     intermediate_size: int = 256
-    vocab_size: int = 512
-    max_position_embeddings: int = 8192
-    rope_theta: float = 10000.0
+    vocab_size: int = 16384
+    # 32k positions: a 16,384-token prompt plus its output fits with room to spare. The
+    # launcher still serves with --max-model-len 4096 unless told otherwise.
+    max_position_embeddings: int = 32768
+    rope_theta: float = 1000000.0  # Qwen2's value for its 32k-context models
     rms_norm_eps: float = 1e-6
     init_std: float = 0.02
     seed: int = 20240611
@@ -106,15 +108,15 @@ def read_manifest(model_dir: Path) -> dict | None:
 
 
 def builder_digest() -> str:
-    """sha256 of the code that decides the model's bytes (this module and the corpus).
+    """sha256 of what decides the model's bytes: this module, the corpus and its word list.
 
-    Recorded in the manifest: a build made by different code is stale and gets rebuilt,
-    with no version number to remember to bump.
+    Recorded in the manifest: a build made by different code or words is stale and gets
+    rebuilt, with no version number to remember to bump.
     """
     from tracedpush.model import corpus
 
     h = hashlib.sha256()
-    for source in (Path(__file__), Path(corpus.__file__)):
+    for source in (Path(__file__), Path(corpus.__file__), corpus.WORDS_FILE):
         h.update(source.read_bytes())
     return h.hexdigest()
 

