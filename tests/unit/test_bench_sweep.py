@@ -3,7 +3,7 @@
 A fake streaming completions server (`tracedpush.testing.fake_engine`) stands in for the
 proxy and its engines, and our own client (`--client tracedpush`) sends to it, so this
 runs where vLLM is not installed; the real 1P1D with vLLM's client is
-tests/e2e/test_bench_sweep.py.
+tests/e2e/test_sweep_engines.py.
 """
 
 from __future__ import annotations
