@@ -37,7 +37,7 @@ CELL_COLUMNS = [
     "mode", "input_len", "qps", "requests", "ok", "failed",
     *(f"{m}_{s}" for m in METRICS for s in STATS), "file",
 ]  # fmt: skip
-_CELL_NAME = re.compile(r"^(?P<mode>[a-z]+)-qps[0-9.]+-in[0-9]+\.json$")
+_CELL_NAME = re.compile(r"^(?P<mode>[a-z]+)-qps[0-9.]+-in[0-9]+(-pass[0-9]+)?\.json$")
 Stamp = tuple[tuple[str, int, int], ...]
 
 

@@ -176,3 +176,18 @@ def test_bad_flags_are_refused_with_the_reason(
 def test_a_grid_is_required() -> None:
     with pytest.raises(SystemExit, match="give --qps and --input-len, or --profile"):
         command.plan_from(_parse())
+
+
+def test_two_passes_run_abba_and_write_a_file_per_pass(
+    engine: FakeEngine, model_dir: Path, tmp_path: Path
+) -> None:
+    plan = command.plan_from(_parse("--qps", "1", "--input-len", "8", "--passes", "2"))
+    assert plan.order() == [("push", 1), ("pull", 1), ("pull", 2), ("push", 2)]
+    engine.reset()
+    run = _sweep(engine, model_dir, tmp_path, "--qps", "20", "--input-len", "16", "--passes", "2")
+    assert run.returncode == 0, run.stderr[-3000:]
+    first, second = tmp_path / "push-qps20-in16.json", tmp_path / "push-qps20-in16-pass2.json"
+    assert json.loads(first.read_text())[OURS]["pass"] == 1
+    assert json.loads(second.read_text())[OURS]["pass"] == 2
+    results, _ = load_results(tmp_path)
+    assert {(r.mode, r.qps, r.input_len) for r in results} == {("push", 20.0, 16)}

@@ -46,9 +46,11 @@ def rate_text(qps: float) -> str:
     return f"{qps:g}"
 
 
-def cell_filename(mode: str, qps: float, input_len: int) -> str:
-    """``<mode>-qps<q>-in<n>.json``, the name of one sweep cell's result file."""
-    return f"{mode}-qps{rate_text(qps)}-in{input_len}.json"
+def cell_filename(mode: str, qps: float, input_len: int, pass_no: int = 1) -> str:
+    """``<mode>-qps<q>-in<n>.json``, the name of one sweep cell's result file; a second
+    ABBA pass's is ``<mode>-qps<q>-in<n>-pass2.json``."""
+    suffix = f"-pass{pass_no}" if pass_no > 1 else ""
+    return f"{mode}-qps{rate_text(qps)}-in{input_len}{suffix}.json"
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,6 +98,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds of arrivals per cell: each cell sends ceil(qps x duration) requests",
     )
     p.add_argument("--modes", type=_modes, default=",".join(MODES), help="push,pull or one of them")
+    p.add_argument(
+        "--passes",
+        type=_positive(int),
+        default=1,
+        help="2 runs every cell twice in ABBA order (push, pull, pull, push), each pass on "
+        "fresh engines; report --bench and the console pool a cell's passes",
+    )
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests before each cell")
     p.add_argument("--seed", type=int, default=0, help="prompts and arrival times")
     p.add_argument(
@@ -165,6 +172,7 @@ def plan_from(args: argparse.Namespace) -> SweepPlan:
         warmup=args.warmup,
         seed=args.seed,
         client=args.client,
+        passes=args.passes,
     )
 
 
@@ -185,10 +193,10 @@ def run(args: argparse.Namespace) -> int:
         )
     runner = CellRunner(plan, results, log=lambda m: None)
     todo = {
-        m: [c for c in plan.cells(m) if args.force or not cell_done(results / c.filename)]
-        for m in plan.modes
+        (m, k): [c for c in plan.cells(m, k) if args.force or not cell_done(results / c.filename)]
+        for m, k in plan.order()
     }
-    total = sum(len(plan.cells(m)) for m in plan.modes)
+    total = sum(len(plan.cells(m, k)) for m, k in plan.order())
     done = total - sum(len(v) for v in todo.values())
     write_manifest(results, plan, {"client": client_label(runner.client)})
     progress = Progress(total, done)
@@ -198,11 +206,11 @@ def run(args: argparse.Namespace) -> int:
     )
     failed = 0
     try:
-        for mode in plan.modes:
-            if not todo[mode]:
+        for mode, pass_no in plan.order():
+            if not todo[mode, pass_no]:
                 continue
             with _target(args, plan, mode, results, progress.say) as target:
-                for cell in todo[mode]:
+                for cell in todo[mode, pass_no]:
                     progress.say(
                         f"{cell.label}: {plan.prompts(cell.qps)} requests at {cell.qps:g}/s"
                     )

@@ -79,10 +79,11 @@ class Cell:
     mode: str
     qps: float
     input_len: int
+    pass_no: int = 1
 
     @property
     def filename(self) -> str:
-        return cell_filename(self.mode, self.qps, self.input_len)
+        return cell_filename(self.mode, self.qps, self.input_len, self.pass_no)
 
     @property
     def label(self) -> str:
@@ -102,6 +103,7 @@ class SweepPlan:
     warmup: int = 2
     seed: int = 0
     client: str = "auto"  # "vllm" | "tracedpush" | "auto"
+    passes: int = 1  # 2: push, pull, pull, push (ABBA), each pass on fresh engines
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
 
     def prompts(self, qps: float) -> int:
@@ -111,9 +113,18 @@ class SweepPlan:
         assert self.duration is not None
         return max(1, math.ceil(qps * self.duration))
 
-    def cells(self, mode: str) -> list[Cell]:
-        """A mode's cells, shortest prompts and lowest rate first."""
-        return [Cell(mode, q, n) for n in self.input_lens for q in self.qps]
+    def order(self) -> list[tuple[str, int]]:
+        """(mode, pass) in run order: odd passes in --modes order, even passes reversed,
+        so two passes make ABBA and drift over the run falls on both modes alike."""
+        out: list[tuple[str, int]] = []
+        for k in range(1, self.passes + 1):
+            modes = self.modes if k % 2 else tuple(reversed(self.modes))
+            out += [(m, k) for m in modes]
+        return out
+
+    def cells(self, mode: str, pass_no: int = 1) -> list[Cell]:
+        """A mode's cells in one pass, shortest prompts and lowest rate first."""
+        return [Cell(mode, q, n, pass_no) for n in self.input_lens for q in self.qps]
 
     def grid(self) -> dict[str, Any]:
         """What must match for a resumed sweep to reuse finished cells."""
@@ -124,7 +135,7 @@ class SweepPlan:
             "num_prompts": self.num_prompts,
             "duration": self.duration,
             "seed": self.seed,
-        }
+        }  # not `passes`: a second pass can be added to a finished sweep
 
     @property
     def max_model_len(self) -> int:
@@ -186,6 +197,7 @@ def annotate(
         "num_prompts": plan.prompts(cell.qps),
         "warmup": plan.warmup,
         "seed": plan.seed,
+        "pass": cell.pass_no,
         "request_id_prefix": prefix,
         "client": client,
         "proxy_url": target.proxy_url,
