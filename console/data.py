@@ -11,8 +11,10 @@ calls ``tracedpush.analysis`` and reshapes its output for drawing.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -23,6 +25,7 @@ import streamlit as st
 
 from tracedpush import analysis
 from tracedpush import semconv as sc
+from tracedpush.analysis import index as index_mod
 from tracedpush.console.selection import mode_order
 
 try:  # TPOT attribution (engine steps); the console draws without it
@@ -64,6 +67,52 @@ class Snapshot:
     run: Any  # tracedpush.analysis.RunAnalysis
     stats: Any  # the store's LoadStats (live: later refreshes update it)
     loaded_at: float = field(default_factory=time.time)
+    # from the analysis index, requests come without span views (`AnalysisIndex`): this
+    # makes them for the few a page draws (None: the requests have them already)
+    expand: Callable[[list[Any]], list[Any]] | None = field(default=None, compare=False)
+    # (trace id, request id, mode, span name, ms) of every span, from the index's facts
+    durations: Callable[[], list[tuple[str, str, str, str, float]]] | None = field(
+        default=None, compare=False
+    )
+
+    @cached_property
+    def _full(self) -> dict[str, Any]:
+        return {}
+
+    def full(self, req: Any) -> Any:
+        """`req` with its span views (timeline, Perfetto): as is when it has them."""
+        if req is None or req.spans or self.expand is None:
+            return req
+        got = self._full.get(req.trace_id)
+        if got is None:
+            got = self._full[req.trace_id] = self.expand([req])[0]
+        return got
+
+    def perfetto_run(self, trace_ids: list[str] | None) -> Any:
+        """The run with span views on the requests `trace_ids` names (all: None), for
+        `analysis.to_perfetto`."""
+        if self.expand is None:
+            return self.run
+        keep = None if trace_ids is None else set(trace_ids)
+        chosen = [r for r in self.run.requests if keep is None or r.trace_id in keep]
+        return analysis.RunAnalysis(
+            requests=self.with_spans(chosen),
+            clock_offsets=self.run.clock_offsets,
+            stats=self.run.stats,
+            skew_corrected=self.run.skew_corrected,
+            buckets=self.run.buckets,
+            load_buckets=self.run.load_buckets,
+            source=self.run.source,
+        )
+
+    def with_spans(self, requests: list[Any]) -> list[Any]:
+        """`full` for many requests at once (one read of the index)."""
+        if self.expand is None:
+            return requests
+        todo = [r for r in requests if not r.spans and r.trace_id not in self._full]
+        for r in self.expand(todo) if todo else ():
+            self._full[r.trace_id] = r
+        return [self._full.get(r.trace_id, r) if not r.spans else r for r in requests]
 
     @cached_property
     def table(self) -> pd.DataFrame:
@@ -99,11 +148,14 @@ class Snapshot:
     @cached_property
     def span_frame(self) -> pd.DataFrame:
         """Every span's duration (ms) with its request and mode, long form."""
-        rows = [
-            (r.trace_id, r.request_id, r.mode, s.name, s.duration_ms)
-            for r in self.run.requests
-            for s in r.spans
-        ]
+        if self.durations is not None:
+            rows = self.durations()
+        else:
+            rows = [
+                (r.trace_id, r.request_id, r.mode, s.name, s.duration_ms)
+                for r in self.run.requests
+                for s in r.spans
+            ]
         return pd.DataFrame(rows, columns=["trace_id", "request_id", "mode", "phase", "ms"])
 
     @cached_property
@@ -344,6 +396,7 @@ class Feed:
         self.source = source
         self._work = threading.Lock()
         self._store: Any = None
+        self._index: Any = None  # analysis.index.AnalysisIndex for trace files
         self._snapshot: Snapshot | None = None
         self._generation = 0
         self._thread: threading.Thread | None = None
@@ -354,10 +407,47 @@ class Feed:
 
     def _analyse(self) -> Snapshot:
         started = time.perf_counter()
-        run = analysis.analyze(self._store)
-        self.analysis_seconds = time.perf_counter() - started
+        idx = self._index
         self._generation += 1
-        return Snapshot(self.source, self._generation, run, getattr(self._store, "stats", None))
+        if idx is None:
+            run = analysis.analyze(self._store)
+            self.analysis_seconds = time.perf_counter() - started
+            return Snapshot(self.source, self._generation, run, self._store.stats)
+        run = idx.run
+        return Snapshot(
+            self.source,
+            self._generation,
+            run,
+            idx.stats,
+            expand=self._expand,
+            durations=lambda: self._durations(run),
+        )
+
+    def _expand(self, requests: list[Any]) -> list[Any]:
+        with self._work:
+            return self._index.with_spans(requests)
+
+    def _durations(self, run: Any) -> list[tuple[str, str, str, str, float]]:
+        with self._work:
+            return self._index.span_durations(run.requests)
+
+    def _open(self) -> None:
+        """Trace files through the analysis index (a warm start reads its results, not
+        the spans); Jaeger, or an index that cannot be written, through a TraceStore."""
+        if self.source.kind == "traces":
+            paths = [Path(p) for p in self.source.trace_paths]
+            if all(p.exists() for p in paths):
+                try:
+                    # no forked build workers inside Streamlit's threaded server
+                    idx = index_mod.AnalysisIndex(paths, threads=True, parallel=False)
+                    started = time.perf_counter()
+                    idx.update()
+                    self.analysis_seconds = time.perf_counter() - started
+                    self._index, self._store = idx, idx
+                    return
+                except (OSError, sqlite3.Error) as exc:
+                    log.warning("no analysis index for %s (%s)", self.source.label, exc)
+        self._store = _open_store(self.source)
 
     def snapshot(self) -> Snapshot:
         """The current snapshot, loading the source on first use."""
@@ -367,7 +457,7 @@ class Feed:
         with self._work:
             if self._snapshot is None:
                 try:
-                    self._store = _open_store(self.source)
+                    self._open()
                     self._snapshot = self._analyse()
                 except SourceError:
                     raise
@@ -385,7 +475,14 @@ class Feed:
             stats = self._store.stats
             failed_before = stats.fetch_errors
             try:
-                new = int(self._store.refresh() or 0)
+                if self._index is not None:
+                    started = time.perf_counter()
+                    self._index.update()
+                    new = self._index.last_new
+                    if new:
+                        self.analysis_seconds = time.perf_counter() - started
+                else:
+                    new = int(self._store.refresh() or 0)
                 if new:
                     self._snapshot = self._analyse()
             except Exception as exc:

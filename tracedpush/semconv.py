@@ -209,6 +209,11 @@ UPSTREAM_URL: Final = "tracedpush.upstream"  # base URL of the engine a leg went
 TTFT_MS: Final = "tracedpush.ttft_ms"  # proxy-measured: receipt -> first token out
 OUTPUT_TOKENS: Final = "tracedpush.output_tokens"
 STREAM: Final = "tracedpush.stream"
+# tracedpush.request: the proxy's sampler, named as OTEL_TRACES_SAMPLER names it
+# ("parentbased_traceidratio"), and the probability it kept this request with (absent when
+# a client's traceparent decided under a parent-based sampler: that rate is the client's)
+SAMPLER: Final = "tracedpush.sampler"
+SAMPLER_RATIO: Final = "tracedpush.sampler.ratio"  # float in (0, 1]
 # standard OpenTelemetry HTTP / server / error keys used on proxy and failed spans
 HTTP_METHOD: Final = http_attributes.HTTP_REQUEST_METHOD
 HTTP_ROUTE: Final = http_attributes.HTTP_ROUTE

@@ -49,7 +49,7 @@ else:
 count = len(run.requests) if ids is None else len(ids)
 st.download_button(
     f"Download Perfetto JSON ({count:,} requests)",
-    data=lambda: export.perfetto_json(run, ids),
+    data=lambda: export.perfetto_json(snap.perfetto_run(ids), ids),
     file_name="tracedpush-perfetto.json",
     mime="application/json",
     icon=":material/timeline:",

@@ -117,6 +117,7 @@ if others:
         else:
             other = chosen
 shown = selection.in_mode_order([req, other])
+shown = snap.with_spans(shown)  # span views, made for these two alone
 
 for r in shown:
     if getattr(r, "failure", None) is not None:

@@ -79,3 +79,58 @@ def test_grafana_provisioning_links_exemplars_to_jaeger_and_loads_the_dashboards
     providers = _load("grafana/provisioning/dashboards/tracedpush.yaml")["providers"]
     (provider,) = providers
     assert provider["type"] == "file" and provider["options"]["path"]
+
+
+def _pipelines_consistent(config: dict[str, Any]) -> dict[str, Any]:
+    for section in ("receivers", "processors", "exporters", "service"):
+        assert isinstance(config.get(section), dict), section
+    pipelines = config["service"]["pipelines"]
+    for name, pipeline in pipelines.items():
+        assert pipeline["receivers"] and pipeline["exporters"], name
+        for kind in ("receivers", "processors", "exporters"):
+            for component in pipeline.get(kind, []):
+                assert component in config[kind], f"{name}: {kind} {component} undefined"
+    return pipelines
+
+
+def _seconds(text: str) -> float:
+    value, unit = float(text[:-1]), text[-1]
+    return value * {"s": 1, "m": 60, "h": 3600}[unit]
+
+
+def test_fleet_collectors_keep_whole_traces_together_for_tail_sampling():
+    """docs/fleet.md: gateways route by trace id to samplers that tail-sample; the
+    sampler's wait outlasts a request, and every span still reaches collect."""
+    gateway = _load("otel-collector-gateway.yaml")
+    (pipeline,) = _pipelines_consistent(gateway).values()
+    assert pipeline["exporters"] == ["loadbalancing"]  # nothing else sees partial traces
+    assert "tail_sampling" not in gateway["processors"]
+    lb = gateway["exporters"]["loadbalancing"]
+    assert lb["routing_key"] == "traceID"
+    assert "endpoint" not in lb["protocol"]["otlp"]  # the resolver supplies it
+
+    sampler = _load("otel-collector-sampler.yaml")
+    pipelines = _pipelines_consistent(sampler)
+    # the gateways' resolver port is the samplers' OTLP/gRPC port
+    grpc = sampler["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"]
+    assert grpc.endswith(f":{lb['resolver']['dns']['port']}")
+    sampled = pipelines["traces/sampled"]
+    assert "tail_sampling" in sampled["processors"]
+    assert sampled["processors"].index("tail_sampling") < sampled["processors"].index("batch")
+    assert sampled["exporters"] == ["otlphttp/jaeger"]
+    everything = pipelines["traces/all"]
+    assert "tail_sampling" not in everything["processors"]
+    assert sampler["exporters"][everything["exporters"][0]]["endpoint"] == (
+        f"http://collect:{OTLP_HTTP_PORT}"
+    )
+
+    ts = sampler["processors"]["tail_sampling"]
+    policies = {p["type"]: p for p in ts["policies"]}
+    assert policies["status_code"]["status_code"]["status_codes"] == ["ERROR"]
+    assert policies["latency"]["latency"]["threshold_ms"] > 0
+    assert 0 < policies["probabilistic"]["probabilistic"]["sampling_percentage"] < 100
+    # the root span comes last, at the end of the request: wait past the longest request
+    assert _seconds(ts["decision_wait"]) >= 60
+    # a trace evicted before its decision is lost: room for a full wait's worth of traces
+    assert ts["num_traces"] >= ts["expected_new_traces_per_sec"] * _seconds(ts["decision_wait"])
+    assert ts["decision_cache"]["sampled_cache_size"] > 0  # late spans follow the decision

@@ -41,12 +41,12 @@ D_RID = "cmpl-req-7-0-a38b6b14"
 TRACE_ID = TRACEPARENT.split("-")[1]
 
 
-def prefill(p: Engine) -> None:
+def prefill(p: Engine, traceparent: str = TRACEPARENT) -> None:
     """P computes the request and finishes it: vLLM hands its blocks to each rank's writer."""
     params = {
         "do_remote_decode": True,
         "do_remote_prefill": False,
-        sc.KV_PARAMS_TRACE_KEY: {"traceparent": TRACEPARENT},
+        sc.KV_PARAMS_TRACE_KEY: {"traceparent": traceparent},
     }
     req = request(P_RID, params)
     p.scheduler.on_new_request(req)
@@ -60,7 +60,7 @@ def prefill(p: Engine) -> None:
     p.schedule(scheduled())
 
 
-def decode(d: Engine, p: Engine) -> Any:
+def decode(d: Engine, p: Engine, traceparent: str = TRACEPARENT) -> Any:
     """D allocates the request's blocks; its writer registers them with P's ranks."""
     params = {
         "do_remote_prefill": True,
@@ -68,7 +68,7 @@ def decode(d: Engine, p: Engine) -> Any:
         "remote_request_id": "cmpl-req-7-0",
         "remote_block_ids": [],
         **p.coordinates(),
-        sc.KV_PARAMS_TRACE_KEY: {"traceparent": TRACEPARENT},
+        sc.KV_PARAMS_TRACE_KEY: {"traceparent": traceparent},
     }
     req = request(D_RID, params)
     d.scheduler.on_new_request(req)

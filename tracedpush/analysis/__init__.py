@@ -17,14 +17,18 @@ trace files::
     run_json(run)                                   # the documented JSON report
     cmp = compare(run)                              # push vs pull per prompt bucket and load
     store.refresh(); run = analyze(store)           # tail a growing directory
+    AnalysisIndex(["traces/"]).update()             # the same run through the index
 
 Modules: `model` (spans and answer dataclasses), `otlp` (OTLP/Jaeger JSON decoding),
 `load` (`TraceStore`), `jaeger` (HTTP source), `timeline` (lanes, load, buckets), `skew`
 (clock offsets), `critical_path`, `analyze`, `results` (what `analyze` returns, data
 only), `compare`, and three renderers: `report` (text tables), `report_json` (the JSON
 format), `perfetto`; `phases` (phase names), `command` (CLI), `steps` (engine steps and
-thread samples), `tpot` (TPOT attribution), `contention`. Realistic generated traces
-for tests and benchmarks live in `tracedpush.testing.synthetic`.
+thread samples), `tpot` (TPOT attribution), `contention`, `sampling` (sampled runs:
+the ratios seen, the common sample that keeps statistics unbiased). Realistic generated traces
+for tests and benchmarks live in `tracedpush.testing.synthetic`. `index` keeps results
+and spans beside the traces, updated in proportion to what is new (`index_store`: what
+it stores; `index_build`: its cold build on every core).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from tracedpush.analysis.compare import (
     compare,
     explain_delta,
 )
+from tracedpush.analysis.index import AnalysisIndex
 from tracedpush.analysis.load import FileSource, TraceStore
 from tracedpush.analysis.model import (
     ClockOffset,
@@ -59,6 +64,7 @@ __all__ = [
     "DEFAULT_BUCKETS",
     "DEFAULT_LOAD_BUCKETS",
     "JSON_VERSION",
+    "AnalysisIndex",
     "ClockOffset",
     "Comparison",
     "ComparisonGroup",

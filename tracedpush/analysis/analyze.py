@@ -248,4 +248,19 @@ def _request(
         ttft_attr_ms=attr_ttft,
         engine_phases_ms=engine_phases(ix),
         prefill_steps=ix.int_attr(sc.PREFILL_STEPS, sc.SPAN_PREFILL),
+        sampler=_sampler(root),
+        sampling_ratio=_sampling_ratio(root),
     )
+
+
+def _sampler(root: Span | None) -> str | None:
+    value = root.attributes.get(sc.SAMPLER) if root is not None else None
+    return value if isinstance(value, str) and value else None
+
+
+def _sampling_ratio(root: Span | None) -> float | None:
+    """The root's tracedpush.sampler.ratio, if it is a probability above 0."""
+    value = root.attributes.get(sc.SAMPLER_RATIO) if root is not None else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if 0.0 < value <= 1.0 else None

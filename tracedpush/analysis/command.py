@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from tracedpush.analysis.analyze import analyze
 from tracedpush.analysis.bench import join, render_bench
 from tracedpush.analysis.bench_results import BenchFormatError, BenchResult, load_results
 from tracedpush.analysis.compare import compare
+from tracedpush.analysis.index import INDEX_DIRNAME, AnalysisIndex, default_dir
 from tracedpush.analysis.jaeger import parse_duration
 from tracedpush.analysis.load import TraceStore
 from tracedpush.analysis.perfetto import to_perfetto
@@ -119,6 +121,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--load-buckets", type=_edges, default=None, help="load bucket edges, e.g. 1,2,4,8,16,32"
     )
+    parser.add_argument(
+        "--index",
+        action="store_true",
+        help="--traces: build (or extend) the analysis index and answer from it, so the "
+        "next report or the console reads only what arrived since; a first build is "
+        "slower than a plain report. Without it an index already there is used",
+    )
+    parser.add_argument(
+        "--index-dir",
+        metavar="DIR",
+        help=f"--traces: where the analysis index is (default: {INDEX_DIRNAME}/ in the "
+        "first traces directory; use this when that one is read-only)",
+    )
+    parser.add_argument(
+        "--no-index",
+        action="store_true",
+        help="--traces: read and analyse every span again, ignoring any analysis index",
+    )
 
 
 def _error(message: str, code: int = 2) -> int:
@@ -146,6 +166,29 @@ def _store(args: argparse.Namespace, traces: list[str] | None) -> TraceStore | i
     return store
 
 
+def _index(args: argparse.Namespace, kwargs: dict) -> AnalysisIndex | None:
+    """The analysis index of ``--traces`` (None: --no-index, Jaeger, missing paths, or
+    an index that cannot be written, which is said and then done without)."""
+    if not args.traces or args.no_index or not all(Path(p).exists() for p in args.traces):
+        return None
+    where = Path(args.index_dir) if args.index_dir else default_dir(args.traces)
+    if not args.index and not where.is_dir():  # a one-off report: the plain path is faster
+        return None
+    try:
+        idx = AnalysisIndex(
+            args.traces,
+            index_dir=args.index_dir,
+            correct_skew=not args.no_skew_correction,
+            skew_policy=args.skew_policy,
+            **kwargs,
+        )
+        idx.stats  # noqa: B018  (opens it: an unwritable place fails here, not later)
+    except (OSError, sqlite3.Error) as exc:
+        _error(f"analysis index unavailable ({exc}); reading without it", 0)
+        return None
+    return idx
+
+
 def _write(args: argparse.Namespace, text: str, what: str) -> None:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -162,25 +205,43 @@ def run(args: argparse.Namespace) -> int:
         return _error("one of --traces, --jaeger or --bench is required")
     if args.request_id_prefix is not None:
         return _error("--request-id-prefix needs --bench")
-    store = _store(args, args.traces)
-    if isinstance(store, int):
-        return store
     kwargs = {}
     if args.buckets:
         kwargs["buckets"] = args.buckets
     if args.load_buckets:
         kwargs["load_buckets"] = args.load_buckets
-    result = analyze(
-        store,
-        correct_skew=not args.no_skew_correction,
-        skew_policy=args.skew_policy,
-        spans=args.format != "json" or args.spans or args.format == "perfetto",
-        **kwargs,
-    )
+    with_spans = args.spans or args.format == "perfetto"  # only these draw span views
+    idx = _index(args, kwargs)
+    store: TraceStore | AnalysisIndex | int
+    if isinstance(idx, AnalysisIndex):
+        try:
+            result = idx.update()
+        except sqlite3.Error as exc:  # e.g. another report holds it: do without
+            _error(f"analysis index unavailable ({exc}); reading without it", 0)
+            idx.close()
+            idx = None
+    if isinstance(idx, AnalysisIndex):
+        store = idx
+    else:
+        store = _store(args, args.traces)
+        if isinstance(store, int):
+            return store
+        result = analyze(
+            store,
+            correct_skew=not args.no_skew_correction,
+            skew_policy=args.skew_policy,
+            spans=with_spans,
+            **kwargs,
+        )
     if args.trace_id and args.traces:
         keep = set(args.trace_id)
         result.requests = [r for r in result.requests if r.trace_id in keep or r.request_id in keep]
         result._reindex()
+    if isinstance(store, AnalysisIndex):
+        if with_spans:
+            result.requests = store.with_spans(result.requests)
+            result._reindex()
+        store.close()
     if not result.requests:
         print(
             f"tracedpush report: no requests found in {store.describe()} "

@@ -9,6 +9,10 @@ reported alongside but do not decompose.
 a - b (push - pull), with p50s beside the means and `unattributed` always listed; it is
 computed for every group where both modes have requests, so per load bucket too, and
 `explain_delta(group)` says it in one sentence.
+
+Sampled runs: with one trace-id ratio every kept request stands for 1/ratio requests
+alike, so these statistics are unbiased estimates over every request; with several
+ratios only their common sample counts (`sampling`).
 """
 
 from __future__ import annotations
@@ -303,9 +307,11 @@ def compare(run: RunAnalysis, a: str = "push", b: str = "pull") -> Comparison:
     """Mode `a` vs mode `b` overall, per prompt bucket, per load bucket, and per cell.
 
     Only requests with a known TTFT count. Other modes present in the run (e.g.
-    "unknown") are summarised too but get no delta.
+    "unknown") are summarised too but get no delta. In a run sampled at several ratios,
+    only the common sample counts (`sampling`), so every statistic stays unbiased.
     """
-    rs = [r for r in run.requests if r.ttft_ms is not None]
+    sampling = run.sampling()
+    rs = [r for r in run.requests if r.ttft_ms is not None and sampling.keeps(r)]
     modes = sorted({r.mode for r in rs} | {a, b}, key=lambda m: (m not in (a, b), m != a, m))
     bucket_order = bucket_labels(run.buckets) if run.buckets else []
     load_order = load_labels(run.load_buckets) if run.load_buckets else []

@@ -92,12 +92,28 @@ def any_value(v: Any) -> Any:
         if key == "boolValue":
             return bool(x)
         if key == "arrayValue":
-            return [any_value(i) for i in (x or {}).get("values") or ()]
+            return _array((x or {}).get("values") or ())
         if key == "kvlistValue":
             return attributes((x or {}).get("values"))
         if key == "bytesValue":
             return x
     return None
+
+
+def _array(values: Any) -> list[Any]:
+    """`any_value` of each element; one-key int and string values (engine.steps'
+    arrays: most of a big run's attribute values) without the call."""
+    out = []
+    for i in values:
+        if i.__class__ is dict and len(i) == 1:
+            if "intValue" in i:
+                out.append(int(i["intValue"]))
+                continue
+            if "stringValue" in i:
+                out.append(i["stringValue"])
+                continue
+        out.append(any_value(i))
+    return out
 
 
 def attributes(items: Any) -> dict[str, Any]:

@@ -78,7 +78,7 @@ def render(run: RunAnalysis, *, slowest: int = 10, cmp: Comparison | None = None
         out.append(failed)
     out.append(_offsets(run))
     if run.requests:
-        out.append(_comparison(cmp))
+        out.append(_comparison(cmp, run.sampling().short()))
         overall = cmp.overall
         for g in ([overall] if overall is not None else []) + cmp.by_load():
             if g.account is not None:
@@ -106,6 +106,7 @@ def _summary(run: RunAnalysis) -> str:
         f"requests: {len(run.requests)} ("
         + ", ".join(f"{m} {n}" for m, n in sorted(modes.items()))
         + f"); complete traces: {complete}",
+        *_sampling(run),
         _accounting(run.failures()),
         f"loaded: {st.files} files, {st.lines_read} lines, {st.spans} spans; "
         f"skipped malformed: {st.malformed}; partial lines pending: {st.partial}; "
@@ -117,6 +118,12 @@ def _summary(run: RunAnalysis) -> str:
     if st.errors:
         lines.append(f"last loading problem: {st.errors[-1]}")
     return _section("tracedpush report", "\n".join(lines))
+
+
+def _sampling(run: RunAnalysis) -> list[str]:
+    """The sampling line ("sampled at 1% ..."), when the proxy recorded its sampler."""
+    sampling = run.sampling()
+    return [sampling.describe()] if sampling.ratios or sampling.samplers else []
 
 
 def _accounting(f: FailureSummary) -> str:
@@ -202,7 +209,7 @@ def _stat(g: ComparisonGroup, what: str, mode: str, q: str) -> float | None:
     return d.get(q)
 
 
-def _comparison(cmp: Comparison) -> str:
+def _comparison(cmp: Comparison, sampled: str = "") -> str:
     a, b = cmp.a, cmp.b
     rows = []
     for g in cmp.groups:
@@ -244,9 +251,8 @@ def _comparison(cmp: Comparison) -> str:
         f"p90 {b}",
         f"mean TTFT {b}-{a}",
     ]
-    return _section(
-        f"{a} vs {b} (ms) by prompt length and load (in flight at receipt)", table(h, rows)
-    )
+    title = f"{a} vs {b} (ms) by prompt length and load (in flight at receipt)"
+    return _section(title + (f"; {sampled}" if sampled else ""), table(h, rows))
 
 
 def _delta(cmp: Comparison, g: ComparisonGroup) -> str:

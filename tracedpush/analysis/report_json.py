@@ -13,7 +13,7 @@ from tracedpush.analysis.model import round_ms
 from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
 
 # bump when docs/report.md's JSON format changes incompatibly; added fields (issue 11's
-# `failure` per request and `failures` per run) keep it
+# `failure` per request and `failures` per run, issue 12's `sampling`) keep it
 JSON_VERSION = 2
 
 
@@ -42,6 +42,8 @@ def request_json(r: RequestAnalysis, *, spans: bool = False) -> dict[str, Any]:
             role: {p: round(v, 4) for p, v in d.items()} for role, d in r.engine_phases_ms.items()
         },
         "prefill_steps": r.prefill_steps,
+        "sampler": r.sampler,
+        "sampling_ratio": r.sampling_ratio,
         "tpot_breakdown_ms": None
         if r.tpot_breakdown_ms is None
         else {k: round(v, 4) for k, v in r.tpot_breakdown_ms.items()},
@@ -60,6 +62,7 @@ def run_json(run: RunAnalysis, *, spans: bool = False) -> dict[str, Any]:
         "skew_policy": run.skew_policy,
         "load_stats": run.stats.to_json(),
         "clock_offsets_ms": {k: v.to_json() for k, v in run.clock_offsets.items()},
+        "sampling": run.sampling().to_json(),
         "requests": [request_json(r, spans=spans) for r in run.requests],
         "failures": run.failures().to_json(),
         "comparison": compare(run).to_json(),

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from tracedpush.analysis.failures import Failure, FailureSummary, summarize
 from tracedpush.analysis.model import ClockOffset, LoadStats, Segment, SpanView
+from tracedpush.analysis.sampling import Sampling
+from tracedpush.analysis.sampling import summarize as summarize_sampling
 
 if TYPE_CHECKING:
     from tracedpush.analysis.contention import Contention
@@ -59,6 +61,10 @@ class RequestAnalysis:
     # whole answer; None for a request answered, even despite a failed span (`failures`)
     failure: Failure | None = None
     proxy_seen: bool = True  # the trace has the proxy's root span (tracedpush.request)
+    # how the proxy sampled it (root span's tracedpush.sampler / .sampler.ratio); the
+    # ratio is None when a client's traceparent decided, or none was recorded (sampling.py)
+    sampler: str | None = None
+    sampling_ratio: float | None = None
 
     def phase_ms(self) -> dict[str, float]:
         """Critical-path milliseconds per phase (a phase can occur more than once)."""
@@ -159,6 +165,11 @@ class RunAnalysis:
         """One flat row per request: ids, mode, tokens, TTFT/TPOT, start, load, bucket,
         and ``critical_ms.<phase>`` per phase on the critical path (absent: 0 ms)."""
         return [r.row() for r in self.requests]
+
+    def sampling(self) -> Sampling:
+        """The ratios the traces were sampled at, and which traces the comparison's
+        statistics use so that they stay unbiased (`sampling`)."""
+        return summarize_sampling(self.requests)
 
     def failures(self) -> FailureSummary:
         """Failed requests by leg and type, and the requests answered despite a failed

@@ -115,14 +115,14 @@ def _ok(span: Span | None) -> bool:
 
 
 @dataclass(slots=True)
-class _Edges:
+class Edges:
     """w[(A, B)] = tightest known bound on θ_B − θ_A (ns); n = pairs behind it."""
 
     w: dict[tuple[str, str], int]
     n: dict[str, int]
 
 
-def collect(indexes: Iterable[TraceIndex], dom: Mapping[Resource, str]) -> _Edges:
+def collect(indexes: Iterable[TraceIndex], dom: Mapping[Resource, str]) -> Edges:
     w: dict[tuple[str, str], int] = {}
     n: dict[str, int] = {}
     by_id = {id(r): label for r, label in dom.items()}
@@ -138,7 +138,7 @@ def collect(indexes: Iterable[TraceIndex], dom: Mapping[Resource, str]) -> _Edge
                 w[key] = slack
             n[da] = n.get(da, 0) + 1
             n[db] = n.get(db, 0) + 1
-    return _Edges(w, n)
+    return Edges(w, n)
 
 
 def _shortest(nodes: list[str], w: Mapping[tuple[str, str], float]) -> dict[str, dict[str, float]]:
@@ -173,7 +173,16 @@ def estimate(
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown skew policy {policy!r}; use one of {POLICIES}")
-    edges = collect(indexes, dom)
+    return estimate_edges(collect(indexes, dom), dom, reference, policy)
+
+
+def estimate_edges(
+    edges: Edges, dom: Mapping[Resource, str], reference: str, policy: str = "midpoint"
+) -> dict[str, ClockOffset]:
+    """`estimate` from pairs already collected: the analysis index keeps each trace's
+    pairs, so a warm report re-estimates offsets without reading a span."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown skew policy {policy!r}; use one of {POLICIES}")
     host = {}
     for r, label in dom.items():
         host.setdefault(label, r.host)

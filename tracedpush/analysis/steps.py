@@ -16,7 +16,7 @@ flattens them into JSON strings (``"[1,2,3]"``), which are parsed here too.
 from __future__ import annotations
 
 import json
-from bisect import bisect_left
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from statistics import median
@@ -354,7 +354,8 @@ class EngineSteps:
     engines: dict[str, EngineInfo] = field(default_factory=dict)
     spans: int = 0  # process spans read
     _starts: dict[str, list[int]] = field(default_factory=dict, repr=False)
-    _max_len: dict[str, int] = field(default_factory=dict, repr=False)
+    # per engine, the latest end among steps[0..i] (nondecreasing: bisectable)
+    _max_end: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     def __bool__(self) -> bool:
         return bool(self.steps or self.samples)
@@ -394,7 +395,7 @@ class EngineSteps:
                         st.scheduled_ns -= off
             steps.sort(key=lambda s: (s.start_ns, s.seq))
         self._starts = {}
-        self._max_len = {}
+        self._max_end = {}
 
     def worker_steps(self, engine_id: str) -> list[EngineStep]:
         return [s for s in self.steps.get(engine_id, ()) if s.has_worker]
@@ -407,8 +408,14 @@ class EngineSteps:
         starts = self._starts.get(engine_id)
         if starts is None:
             starts = self._starts[engine_id] = [s.start_ns for s in steps]
-            self._max_len[engine_id] = max((s.end_ns - s.start_ns for s in steps), default=0)
-        i = bisect_left(starts, t0_ns - self._max_len[engine_id])
+            latest, ends = 0, []
+            for s in steps:
+                latest = max(latest, s.end_ns)
+                ends.append(latest)
+            self._max_end[engine_id] = ends
+        # the first step that ends after t0: every step before it ends by t0. (Starting
+        # from t0 minus the longest step scanned most of a long run for every request.)
+        i = bisect_right(self._max_end[engine_id], t0_ns)
         out = []
         for s in steps[i:]:
             if s.start_ns > t1_ns:

@@ -110,25 +110,43 @@ def attach(
     `offset_ns(span)` is the offset applied to a span's host clock."""
     if not store.steps:
         return
+    facts = {}
+    for tid, ix in indexes.items():
+        if ix.root is not None:
+            facts[tid] = (ix.root.start_ns - offset_ns(ix.root), decode_engine(ix))
+    attach_facts(requests, facts, store)
+
+
+def attach_facts(
+    requests: Iterable[RequestAnalysis],
+    facts: Mapping[str, tuple[int, str | None]],
+    store: EngineSteps,
+) -> None:
+    """`attach` from what it needs of each trace: {trace id: (the root's corrected start
+    in ns, decode engine id)} for traces with a proxy root; the analysis index keeps
+    these so a warm report attaches TPOT breakdowns without spans."""
+    if not store.steps:
+        return
     solo: dict[str, float | None] = {}
+    working: dict[str, bool] = {}
     decode_engines = [e for e, info in store.engines.items() if info.role == "decode"]
     for r in requests:
         if r.tpot_ms is None or not r.output_tokens or r.output_tokens < 2 or r.ttft_ms is None:
             continue
-        ix = indexes.get(r.trace_id)
-        if ix is None or ix.root is None:
+        fact = facts.get(r.trace_id)
+        if fact is None:
             continue
-        eid = decode_engine(ix)
+        origin, eid = fact
         if eid not in store.steps:
             if len(decode_engines) == 1 and decode_engines[0] in store.steps:
                 eid = decode_engines[0]
             else:
                 continue
-        if eid not in solo:
-            solo[eid] = store.solo_forward_us(eid)
-        if not store.worker_steps(eid):
+        if eid not in solo:  # once per engine (a list of every step per request was
+            solo[eid] = store.solo_forward_us(eid)  # quadratic in the run)
+            working[eid] = any(s.has_worker for s in store.steps.get(eid, ()))
+        if not working[eid]:
             continue
-        origin = ix.root.start_ns - offset_ns(ix.root)
         t0 = origin + round(r.ttft_ms * 1e6)
         t1 = t0 + round(r.tpot_ms * (r.output_tokens - 1) * 1e6)
         r.tpot_breakdown_ms = breakdown(

@@ -11,6 +11,11 @@ Scheduler side: `on_new_request`, `update_state_after_alloc`, `build_connector_m
 scheduler ships the facts a worker needs (trace context, allocation and finish times)
 inside the connector metadata (`meta.tracedpush_facts`).
 
+Sampling: `on_new_request` reads the request's traceparent flags (a character test).
+An unsampled request is not watched for its first schedule; its other events are still
+recorded, because the engine's KV metrics count every request, but no span is built or
+exported for it (`telemetry.builder`).
+
 Worker side: `bind_connector_metadata`, `start_load_kv`, `get_finished` /
 `get_transfer_results` (public), the NIXL agent tap (`tap.py`), and two private seams
 checked by `version.py`: `_nixl_handshake` (handshake timing) and, in push mode,
@@ -36,6 +41,7 @@ from tracedpush.connector.metrics import TracedKVConnectorStats, TracedPromMetri
 from tracedpush.connector.tap import NixlAgentTap
 from tracedpush.telemetry import events as ev
 from tracedpush.telemetry.builder import BuilderConfig
+from tracedpush.telemetry.context import sampled
 from tracedpush.telemetry.export import SpanSink, build_exporters, make_resource
 from tracedpush.telemetry.observations import Observations
 from tracedpush.telemetry.pipeline import Pipeline
@@ -177,18 +183,22 @@ class TracedConnectorMixin:
                 if not isinstance(ctx, dict):
                     ctx = {}
                 received = ctx.get(semconv.TRACE_RECEIVED_NS_KEY)
+                traceparent = ctx.get("traceparent")
                 event = (
                     ev.NEW,
                     time_ns(),
                     request.request_id,
                     request.arrival_time,
                     request.num_prompt_tokens,
-                    ctx.get("traceparent"),
+                    traceparent,
                     received if isinstance(received, int) else 0,
                 )
                 record(event)
                 self._tp_outbox.append(event)
-                self._tp_await_sched.add(request.request_id)
+                # The first-scheduled moment only ends the engine span, which an unsampled
+                # request does not get; its other events feed the KV metrics.
+                if sampled(traceparent):
+                    self._tp_await_sched.add(request.request_id)
             except Exception:
                 pass
         elif request.kv_transfer_params:

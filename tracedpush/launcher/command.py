@@ -241,6 +241,10 @@ def run(args: argparse.Namespace) -> int:
     stop_on_sigterm()  # SIGTERM unwinds like Ctrl-C: everything started is stopped
     deployment = None
     try:
+        if not args.no_proxy:  # the proxy inherits them: refuse a bad one before engines start
+            from tracedpush.proxy.sampling import check_env as check_sampler_env
+
+            check_sampler_env()
         deployment = Deployment(config_from_args(args))
         with deployment:
             width = max(len(k) for k in deployment.urls())

@@ -23,6 +23,8 @@ from tracedpush.proxy.app import (
 )
 from tracedpush.proxy.coords import InstanceSpec, parse_instance
 from tracedpush.proxy.models import vocab_size_of
+from tracedpush.proxy.sampling import check_env as check_sampler_env
+from tracedpush.proxy.sampling import describe as describe_sampler
 from tracedpush.proxy.upstream import Timeouts
 
 log = logging.getLogger("tracedpush.proxy")
@@ -44,6 +46,9 @@ prefill and one decode instance are healthy), GET /metrics (Prometheus).
 
 Every request is traced (root span tracedpush.request, legs proxy.prefill /
 proxy.decode, kv.relay in pull mode); see docs/proxy.md and docs/spans.md.
+Sampling follows OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG, e.g.
+OTEL_TRACES_SAMPLER=parentbased_traceidratio OTEL_TRACES_SAMPLER_ARG=0.01: the
+engines build no spans for an unsampled request (its traceparent says so).
 """
 
 EPILOG = """\
@@ -233,6 +238,7 @@ def build_config(args: argparse.Namespace) -> ProxyConfig:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0")
     if args.max_body_bytes < 1:
         raise ValueError("--max-body-bytes must be >= 1")
+    check_sampler_env()  # the SDK reads them when the tracer provider is built
     return ProxyConfig(
         mode=args.mode,
         prefill=prefill,
@@ -269,11 +275,19 @@ def _vocab_size(args: argparse.Namespace) -> int | None:
     return size
 
 
-def _traces_note(args: argparse.Namespace) -> str:
-    """Where this proxy's spans go, for the ready line (the engines' must go there too)."""
-    if args.no_trace_files or not args.traces:
-        return "no trace files"
-    return f"trace files in {os.path.abspath(args.traces)}"
+def _traces_note(args: argparse.Namespace, provider: TracerProvider | None = None) -> str:
+    """Where this proxy's spans go, for the ready line (the engines' must go there too),
+    and how requests are sampled when that is not all of them."""
+    note = (
+        "no trace files"
+        if args.no_trace_files or not args.traces
+        else f"trace files in {os.path.abspath(args.traces)}"
+    )
+    if provider is not None:
+        info = describe_sampler(provider.sampler)
+        if info.name != "parentbased_always_on":  # the SDK's default: every request
+            note += f"; sampler {info.describe()}"
+    return note
 
 
 def _display_host(host: str) -> str:
@@ -347,7 +361,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     provider = _tracer_provider(args, f"{_display_host(args.host)}:{args.port}")
     try:
-        asyncio.run(serve(config, args.host, args.port, provider, _traces_note(args)))
+        asyncio.run(serve(config, args.host, args.port, provider, _traces_note(args, provider)))
     except OSError as exc:  # e.g. port already in use
         print(f"tracedpush proxy: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1

@@ -16,35 +16,55 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from tracedpush import __version__, semconv
 from tracedpush.proxy.routing import Instance
+from tracedpush.proxy.sampling import SamplerInfo, describe
 from tracedpush.proxy.upstream import SendClock
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
 class ProxySpans:
-    """Starts the proxy's spans on one tracer; knows the W3C propagation format."""
+    """Starts the proxy's spans on one tracer; knows the W3C propagation format.
+
+    Sampling is the tracer provider's sampler (the SDK's, from `OTEL_TRACES_SAMPLER`): an
+    unsampled request gets non-recording spans, which cost nothing to end and are never
+    exported, and its legs' ``traceparent`` carries the sampled bit off (flags 00, or 02
+    with W3C's random-trace-id bit, which the SDK sets) to the engines.
+    """
 
     def __init__(self, provider: TracerProvider | None, mode: str) -> None:
         provider = provider or trace.get_tracer_provider()
         self.tracer = provider.get_tracer(semconv.INSTRUMENTATION_SCOPE, __version__)
         self.mode = mode
+        sampler = getattr(provider, "sampler", None)  # an SDK TracerProvider's
+        self.sampling: SamplerInfo | None = describe(sampler) if sampler is not None else None
 
     def start_request(
         self, headers: Mapping[str, str], *, method: str, route: str, start_ns: int
     ) -> Span:
         """Root SERVER span; continues the client's ``traceparent`` when it sent one."""
         parent = _PROPAGATOR.extract(headers)
+        attributes: dict[str, Any] = {
+            semconv.MODE: self.mode,
+            semconv.ROLE: "proxy",
+            semconv.HTTP_METHOD: method,
+            semconv.HTTP_ROUTE: route,
+        }
+        info = self.sampling
+        if info is not None:
+            attributes[semconv.SAMPLER] = info.name
+            # Under a parent-based sampler a client's traceparent decides, at the client's
+            # rate, which the proxy cannot know: then no ratio.
+            client_decided = (
+                info.parent_based and trace.get_current_span(parent).get_span_context().is_valid
+            )
+            if info.ratio is not None and not client_decided:
+                attributes[semconv.SAMPLER_RATIO] = info.ratio
         return self.tracer.start_span(
             semconv.SPAN_REQUEST,
             context=parent,
             kind=SpanKind.SERVER,
             start_time=start_ns,
-            attributes={
-                semconv.MODE: self.mode,
-                semconv.ROLE: "proxy",
-                semconv.HTTP_METHOD: method,
-                semconv.HTTP_ROUTE: route,
-            },
+            attributes=attributes,
         )
 
     def start_leg(
@@ -87,7 +107,10 @@ def trace_headers(span: Span) -> dict[str, str]:
 
 
 def kv_trace_context(span: Span) -> dict[str, str] | None:
-    """The value for ``kv_transfer_params[KV_PARAMS_TRACE_KEY]``; None when not traced."""
+    """The value for ``kv_transfer_params[KV_PARAMS_TRACE_KEY]``; None when not traced.
+
+    An unsampled request's still goes: its sampled bit, off, tells the traced connectors to build
+    no spans for it."""
     carrier = trace_headers(span)
     if "traceparent" not in carrier:
         return None

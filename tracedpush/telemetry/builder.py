@@ -10,6 +10,11 @@ per event type), `engine_spans` / `push_emitter` / `pull_emitter` (the one emitt
 process needs, picked here at construction), `process_spans` (steps and threads),
 `span_factory` (ids, attributes, status). With an `observations.SpanObserver`, every
 span a request gets is also read into metric observations for the engine's /metrics.
+
+Sampling: a request whose traceparent says "not sampled" (flags bit 0 off) gets no spans. A
+worker still works out its KV phases, as `PhaseRecord`s the observer reads and nothing
+exports, because the engine's metrics count every request (docs/metrics.md); the
+scheduler side, whose engine span feeds no metric, drops the request at once.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ class SpanBuilder:
         self.process = ProcessSpans(self.spans)
         self.spans_built = 0
         self.orphans = 0  # requests seen only through stray events, not traced
+        self.unsampled = 0  # requests whose traceparent said not sampled: no spans built
         handlers = self.tracker.handlers
         count_prefill_steps = handlers[ev.SchedStep]
 
@@ -151,11 +157,30 @@ class SpanBuilder:
                 self.orphans += 1
                 return
             req.set_context(None)
+        if not req.sampled:
+            self._observe_only(req, final)
+            return
         first = len(out)
         self.emitter.emit(req, out, final)
-        if self.observer is not None and len(out) > first:
+        if len(out) > first:
+            self._observe(req, out[first:])
+
+    def _observe_only(self, req: RequestState, final: bool) -> None:
+        """An unsampled request: its phases reach the metrics, no span is built or sent."""
+        if self.observer is None or not self.emitter.observed:
+            req.done = True  # nothing this process would observe: forget it at once
+        else:
+            records: list[ReadableSpan] = []  # PhaseRecords (span_factory), not spans
+            self.emitter.emit(req, records, final)
+            if records:
+                self._observe(req, records)
+        if req.done:
+            self.unsampled += 1
+
+    def _observe(self, req: RequestState, spans: list[ReadableSpan]) -> None:
+        if self.observer is not None:
             try:
-                self.observer.on_spans(req, out[first:])
+                self.observer.on_spans(req, spans)
             except Exception:  # a metrics bug must not cost the spans
                 self.observer_errors += 1
 

@@ -70,5 +70,19 @@ def parse_traceparent(value: object) -> TraceParent | None:
     return TraceParent(trace_id, span_id, bool(int(m.group(4), 16) & 1))
 
 
+_UNSAMPLED_LAST = frozenset("02468aceACE")  # flags' last hex digit with bit 0 (sampled) off
+
+
+def sampled(traceparent: object) -> bool:
+    """False only for a traceparent whose flags say "not sampled" (bit 0 of its last hex
+    digit); True without one (a request that bypassed the proxy is traced, as before).
+
+    Cheap enough for the scheduler's hook (no regex, no parsing), and what the builder
+    uses too, so the two always agree, even on a malformed value."""
+    return not (
+        type(traceparent) is str and len(traceparent) == 55 and traceparent[-1] in _UNSAMPLED_LAST
+    )
+
+
 def format_traceparent(trace_id: int, span_id: int, sampled: bool = True) -> str:
     return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"

@@ -18,6 +18,10 @@ Out = list[ReadableSpan]
 
 
 class Emitter:
+    # Its spans feed the engine's metrics (kv.* phases): an unsampled request still goes
+    # through it, as phase records (builder._observe_only).
+    observed = True
+
     def __init__(
         self, spans: SpanFactory, handshakes: list[Handshake], peers: Peers | None = None
     ) -> None:

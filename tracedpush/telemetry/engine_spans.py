@@ -20,6 +20,8 @@ End = tuple[int, Error] | None  # (end ns, error), or None: not ended yet
 
 
 class EngineSpanEmitter(Emitter):
+    observed = False  # prefill / decode feed no metric: unsampled requests skip it
+
     def emit(self, req: RequestState, out: Out, final: bool) -> None:
         if not req.arrival:
             req.done = final  # only worker-ish events seen: nothing to build

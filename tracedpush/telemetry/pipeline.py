@@ -169,6 +169,7 @@ class Pipeline:
             "spans_built": self.builder.spans_built,
             "open_requests": self.builder.open_requests,
             "orphan_requests": self.builder.orphans,
+            "unsampled_requests": self.builder.unsampled,
             "observations_dropped": self.observations.dropped if self.observations else 0,
             "observer_errors": self.builder.observer_errors,
             "exporters": self.sink.stats(),

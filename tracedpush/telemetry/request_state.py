@@ -13,7 +13,7 @@ from typing import Any
 
 from tracedpush import semconv
 from tracedpush.telemetry import events as ev
-from tracedpush.telemetry.context import parse_traceparent, request_key, trace_id_for
+from tracedpush.telemetry.context import parse_traceparent, request_key, sampled, trace_id_for
 
 try:  # present wherever vLLM runs; only needed to read PUSH_REG payloads
     import msgspec
@@ -111,6 +111,7 @@ class RequestState:
         "reg_sent",
         "remote_engine",
         "results_done",
+        "sampled",
         "sched",
         "sched_recv",
         "steps",
@@ -145,8 +146,10 @@ class RequestState:
         self.telemetry: list[Any] = []
         self.emitted: set[str] = set()
         self.done = False
+        self.sampled = True  # the traceparent's flags: False -> build no spans (builder)
 
     def set_context(self, traceparent: str | None) -> None:
+        self.sampled = sampled(traceparent)
         parent = parse_traceparent(traceparent)
         if parent is not None:
             self.trace_id, self.parent_id = parent.trace_id, parent.span_id

@@ -2,6 +2,10 @@
 
 Span identity: the engine span's id is derived from (trace id, role, base id), so a
 worker can parent its spans to the scheduler's span without any extra message.
+
+An unsampled request's phases are `PhaseRecord`s instead: the numbers the engine's
+metrics read (`observations.SpanObserver`), without span ids, context or resource, and
+never exported.
 """
 
 from __future__ import annotations
@@ -23,6 +27,30 @@ SCOPE = InstrumentationScope(semconv.INSTRUMENTATION_SCOPE, __version__)
 FLAGS = TraceFlags(TraceFlags.SAMPLED)
 
 Error = tuple[str, str] | None  # (error.type, description)
+_UNSET = Status(StatusCode.UNSET)
+
+
+class PhaseRecord:
+    """A phase of an unsampled request: what `SpanObserver` reads off a span (name,
+    bounds, attributes, events, status), and nothing else."""
+
+    __slots__ = ("attributes", "end_time", "events", "name", "start_time", "status")
+
+    def __init__(
+        self,
+        name: str,
+        start: int,
+        end: int,
+        attributes: dict[str, Any],
+        events: list[Event],
+        status: Status,
+    ) -> None:
+        self.name = name
+        self.start_time = start
+        self.end_time = end
+        self.attributes = attributes
+        self.events = events
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -74,7 +102,17 @@ class SpanFactory:
         events: list[Event] | None = None,
         error: Error = None,
     ) -> None:
-        """A phase span under the request's engine span; marks it emitted."""
+        """A phase span under the request's engine span (a `PhaseRecord` if the request
+        is not sampled); marks it emitted."""
+        if not req.sampled:
+            status = _UNSET
+            if error:
+                attrs[semconv.ERROR_TYPE] = error[0]
+                status = Status(StatusCode.ERROR, error[1])
+            record = PhaseRecord(name, start, max(start, end), attrs, events or [], status)
+            out.append(record)  # type: ignore[arg-type]  # read like a span, never exported
+            req.emitted.add(name)
+            return
         out.append(
             self.span(
                 name,

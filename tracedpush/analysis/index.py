@@ -1,0 +1,658 @@
+"""The analysis index: a run's spans and per-request results kept beside its trace files.
+
+Why: a report on 200,000 requests spends almost all its time decoding OTLP JSON and
+walking critical paths, and a second report on the same files (or a console refresh
+after a few more lines) did it all again. The index does each once:
+
+* **Files** are read from where the last update stopped (per file: offset, pending
+  tail, size, inode; `load.FileSource`'s rules). A file that shrank, was replaced or
+  vanished, or other trace paths, rebuild the index from scratch.
+* **Spans** go, as plain tuples (`marshal`), to SQLite tables keyed by trace id
+  (stdlib; two shards, one per cold-build process, `index_build`): a trace that gets
+  new spans is re-read alone.
+* **Per trace facts** (first-seen order, resources, the root's raw interval, its causal
+  pairs for the clock-skew estimate, decode engine) and **per request results** (the
+  `RequestAnalysis` of `analyze(spans=False)`) are kept with the clock offsets they were
+  computed with. Each update re-estimates the offsets from the kept pairs (no span is
+  read for that), then re-analyses only the traces that got spans or whose offsets
+  moved; load, buckets and TPOT breakdowns, which depend on the whole run, are redone
+  from the facts (TPOT breakdowns only when the engine steps or offsets changed). So
+  results equal `analyze()` of the same spans request by request
+  (tests/unit/test_analysis_index.py), and an update costs time in proportion to the new
+  spans while the offsets hold still.
+
+``spans=True`` results (span views, for Perfetto and the console's timeline) are made
+on demand for the requests asked (`AnalysisIndex.request`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import marshal
+import os
+import pickle
+import sqlite3
+import sys
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from tracedpush.analysis import skew, tpot
+from tracedpush.analysis import steps as steps_mod
+from tracedpush.analysis._gc import paused_gc
+from tracedpush.analysis.analyze import _PROCESS_SPANS, _request
+from tracedpush.analysis.index_store import (
+    SHARDS,
+    Kept,
+    TraceFacts,
+    open_span_db,
+    pack,
+    shard_of,
+    unpack,
+)
+from tracedpush.analysis.load import FileSource, _FileState
+from tracedpush.analysis.model import ClockOffset, LoadStats, Resource, Span
+from tracedpush.analysis.otlp import Decoder
+from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
+from tracedpush.analysis.timeline import (
+    DEFAULT_BUCKETS,
+    DEFAULT_LOAD_BUCKETS,
+    LoadCounter,
+    TraceIndex,
+    bucket_label,
+    load_label,
+)
+
+INDEX_DIRNAME = ".tracedpush-index"
+FORMAT = 1  # bump when what is stored changes: an index of another format is rebuilt
+_DB = "index.sqlite"
+PARALLEL_BYTES = 64 << 20  # trace bytes from which a cold build uses every core
+_COMPACT_AFTER = 16  # record segments before they are merged into one
+# the modules whose code decides what a kept result holds (`format_key`)
+_RESULT_MODULES = (
+    "analyze", "critical_path", "failures", "index", "index_build", "index_store", "load",
+    "model", "otlp", "phases", "results", "sampling", "skew", "steps", "timeline", "tpot",
+)  # fmt: skip
+
+
+@dataclass
+class _State:
+    paths: list[str]
+    files: dict[str, tuple[int, int, bytes, int, int, bool, int]] = field(default_factory=dict)
+    resources: list[Resource] = field(default_factory=list)
+    stats: LoadStats = field(default_factory=LoadStats)
+    segments: int = 0
+    next_seq: int = 0
+    process_version: int = 0  # bumped when per-process spans arrive
+    tpot_key: Any = None  # the engine steps the kept TPOT breakdowns were split over
+
+
+@lru_cache(maxsize=1)
+def format_key() -> tuple[int, str]:
+    """`FORMAT` and a digest of the analysis code: kept results are only as right as
+    the code that made them, so an index made by other code is rebuilt."""
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for f in sorted([*(here / f"{m}.py" for m in _RESULT_MODULES), here.parent / "semconv.py"]):
+        if f.exists():
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    h.update(f"{sys.version_info[:2]} {marshal.version}".encode())
+    return FORMAT, h.hexdigest()[:16]
+
+
+def default_dir(paths: Sequence[str | os.PathLike[str]]) -> Path:
+    """``.tracedpush-index/`` in the first trace directory (beside a trace file)."""
+    first = Path(paths[0])
+    return (first if first.is_dir() else first.parent) / INDEX_DIRNAME
+
+
+class AnalysisIndex:
+    """The index of one set of trace paths (see the module docstring).
+
+    ``AnalysisIndex(paths).update()`` reads what is new and returns the `RunAnalysis`
+    `analyze(store, spans=False)` would; call it again to follow growing files.
+    """
+
+    def __init__(
+        self,
+        paths: Iterable[str | os.PathLike[str]],
+        *,
+        index_dir: str | os.PathLike[str] | None = None,
+        correct_skew: bool = True,
+        skew_policy: str = "midpoint",
+        buckets: Sequence[int] = DEFAULT_BUCKETS,
+        load_buckets: Sequence[int] = DEFAULT_LOAD_BUCKETS,
+        parallel: bool | None = None,
+        threads: bool = False,
+    ) -> None:
+        self.paths = [Path(p) for p in paths]
+        if not self.paths:
+            raise ValueError("no trace paths given")
+        self.dir = Path(index_dir) if index_dir is not None else default_dir(self.paths)
+        self.correct_skew = correct_skew
+        self.skew_policy = skew_policy
+        self.buckets = tuple(buckets)
+        self.load_buckets = tuple(load_buckets)
+        # cold builds on every core (`index_build`): None = when there are several and
+        # the files are big enough for the processes to pay for themselves
+        self.parallel = parallel
+        self.threads = threads  # used from several threads (the console; callers lock)
+        self._db: sqlite3.Connection | None = None
+        self._span_dbs: dict[int, sqlite3.Connection] = {}
+        self._state: _State | None = None
+        self._kept: dict[str, Kept] = {}
+        self._res_ix: dict[int, int] = {}  # id(resource) -> position in state.resources
+        self._res_key: dict[tuple[str, str, str, str], int] = {}
+        self._process: list[Span] | None = None  # cached per-process spans (seq order)
+        self._off_ns: list[int] = []
+        self._steps: tuple[Any, steps_mod.EngineSteps] | None = None
+        self.run: RunAnalysis | None = None
+        self.last_new = 0  # spans the last update added
+        self.last_reanalysed = 0  # requests the last update analysed anew
+        self.rebuilt = False  # the last update started from an empty index
+        self.last_error: str | None = None  # why the last read missed a path
+        self._stale_saved: list[str] = []
+        self._save_all = False  # every kept result changed (TPOT breakdowns redone)
+
+    # ------------------------------------------------------------------ storage
+    def _connect(self) -> sqlite3.Connection:
+        if self._db is None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(
+                self.dir / _DB, isolation_level=None, check_same_thread=not self.threads
+            )
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v BLOB)")
+            db.execute("CREATE TABLE IF NOT EXISTS kept (seg INTEGER PRIMARY KEY, v BLOB)")
+            self._db = db
+        return self._db
+
+    def span_db(self, shard: int) -> sqlite3.Connection:
+        db = self._span_dbs.get(shard)
+        if db is None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            db = open_span_db(self.dir, shard, threads=self.threads)
+            self._span_dbs[shard] = db
+        return db
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        for db in self._span_dbs.values():
+            db.close()
+        self._span_dbs = {}
+
+    def _open(self) -> None:
+        """Load the kept state (once per process), or start empty."""
+        if self._state is not None:
+            return
+        db = self._connect()
+        row = db.execute("SELECT v FROM meta WHERE k = 'state'").fetchone()
+        state = None
+        if row is not None:
+            try:
+                fmt, state = pickle.loads(row[0])
+            except Exception:  # an unreadable index is rebuilt, never fatal
+                fmt = None
+            if fmt != format_key() or state.paths != self._path_key():
+                state = None
+        if state is None or self._stale(state):
+            self._reset()
+            return
+        kept: dict[str, Kept] = {}
+        for (blob,) in db.execute("SELECT v FROM kept ORDER BY seg"):
+            kept.update(pickle.loads(blob))
+        self._state, self._kept = state, kept
+        self._index_resources()
+        self.rebuilt = False
+
+    def _reset(self) -> None:
+        db = self._connect()
+        db.execute("BEGIN")
+        for table in ("meta", "kept"):
+            db.execute(f"DELETE FROM {table}")
+        db.execute("COMMIT")
+        for shard in range(SHARDS):
+            with self.span_db(shard) as sdb:
+                sdb.execute("DELETE FROM spans")
+        self._state = _State(self._path_key())
+        self._kept = {}
+        self._process = None
+        self._steps = None
+        self._index_resources()
+        self.rebuilt = True
+
+    def _path_key(self) -> list[str]:
+        return [str(p.resolve()) for p in self.paths]
+
+    @staticmethod
+    def _stale(state: _State) -> bool:
+        """A known file shrank, vanished or was replaced: its old spans may be gone."""
+        for name, (ino, _offset, _pend, size, _mt, _whole, _ok) in state.files.items():
+            try:
+                info = os.stat(name)
+            except OSError:
+                return True
+            if info.st_ino != ino or info.st_size < size:
+                return True
+        return False
+
+    def _index_resources(self) -> None:
+        assert self._state is not None
+        res = self._state.resources
+        self._res_ix = {id(r): i for i, r in enumerate(res)}
+        self._res_key = {(r.service, r.instance, r.host, r.pid): i for i, r in enumerate(res)}
+
+    def _resource(self, r: Resource) -> int:
+        """Position of `r` (by `Decoder`'s interning key) in the kept resources; only
+        the kept objects are remembered by id (a later decoder's may reuse a freed id)."""
+        assert self._state is not None
+        kept = self._state.resources
+        i = self._res_ix.get(id(r))
+        if i is not None and kept[i] is r:
+            return i
+        key = (r.service, r.instance, r.host, r.pid)
+        i = self._res_key.get(key)
+        if i is None:
+            i = len(kept)
+            kept.append(r)
+            self._res_key[key] = i
+            self._res_ix[id(r)] = i
+        return i
+
+    def _load_spans(self, tids: Sequence[str]) -> dict[str, list[Span]]:
+        assert self._state is not None
+        res = self._state.resources
+        out: dict[str, list[Span]] = {}
+        by_shard: dict[int, list[str]] = {}
+        for tid in tids:
+            by_shard.setdefault(shard_of(tid), []).append(tid)
+        for shard, some in by_shard.items():
+            db = self.span_db(shard)
+            for i in range(0, len(some), 500):
+                part = some[i : i + 500]
+                marks = ",".join("?" * len(part))
+                q = f"SELECT tid, v FROM spans WHERE tid IN ({marks})"
+                for tid, blob in db.execute(q, part):
+                    out[tid] = unpack(tid, blob, res)
+        return out
+
+    # ------------------------------------------------------------------ reading
+    def _read(self) -> list[Span]:
+        """New spans at the source, read from where the last update stopped."""
+        assert self._state is not None
+        src = FileSource(*self.paths)
+        for name, (_ino, offset, pend, size, mtime, whole, ok) in self._state.files.items():
+            src._states[Path(name)] = _FileState(offset, pend, size, mtime, whole, ok)
+        new: list[Span] = []
+        stats = self._state.stats
+        src.read(Decoder(new.append, stats), stats)
+        self.last_error = src.last_error
+        files = {}
+        for f, st in src._states.items():
+            try:
+                ino = f.stat().st_ino
+            except OSError:
+                continue
+            files[str(f)] = (
+                ino,
+                st.offset,
+                st.pending,
+                st.size,
+                st.mtime_ns,
+                st.whole,
+                st.lines_ok,
+            )
+        self._state.files = files
+        return new
+
+    def _build(self) -> bool:
+        """A cold build on every core when it pays (see `index_build`); on any failure
+        the index is emptied again and the sequential read does it all."""
+        from tracedpush.analysis import index_build
+
+        files = FileSource(*self.paths).files()
+        parallel = self.parallel
+        if parallel is None:
+            big = sum(f.stat().st_size for f in files) >= PARALLEL_BYTES
+            parallel = big and (os.cpu_count() or 1) >= SHARDS
+        if not parallel or not index_build.usable(files):
+            return False
+        for db in self._span_dbs.values():  # the workers write these
+            db.close()
+        self._span_dbs = {}
+        try:
+            return index_build.build(self, files, SHARDS)
+        except Exception as exc:  # the sequential path reads it all instead
+            self._reset()
+            assert self._state is not None
+            self._state.stats.note(f"parallel index build failed, read sequentially: {exc}")
+            return False
+
+    # ------------------------------------------------------------------ update
+    def update(self) -> RunAnalysis:
+        """Read what is new, re-analyse what it changed, return the whole run."""
+        with paused_gc():
+            return self._update()
+
+    def _update(self) -> RunAnalysis:
+        self._open()
+        state = self._state
+        assert state is not None
+        built = self.rebuilt and not state.files and self._build()
+        new = [] if built else self._read()  # a build read it all: this is one refresh
+        self.last_new = 0
+        by_trace: dict[str, list[Span]] = {}
+        for s in new:
+            lst = by_trace.get(s.trace_id)
+            if lst is None:
+                by_trace[s.trace_id] = [s]
+            else:
+                lst.append(s)
+        old = self._load_spans([t for t in by_trace if t in self._kept])
+        changed: dict[str, list[Span]] = {}
+        db = self._connect()
+        db.execute("BEGIN")
+        rows: dict[int, list[tuple[str, bytes]]] = {}
+        for tid, news in by_trace.items():
+            spans = {s.span_id: s for s in old.get(tid, ())}
+            added = 0
+            for s in news:
+                if s.span_id in spans:
+                    state.stats.duplicates += 1
+                    continue
+                # one Resource object per key, as within one store: offsets go by id
+                s.resource = state.resources[self._resource(s.resource)]
+                spans[s.span_id] = s
+                added += 1
+            state.stats.spans += added
+            self.last_new += added
+            if not added:
+                continue
+            merged = list(spans.values())
+            changed[tid] = merged
+            rows.setdefault(shard_of(tid), []).append((tid, pack(merged, self._res_ix)))
+        for shard, some in rows.items():  # committed before the state that counts them
+            with self.span_db(shard) as sdb:
+                sdb.executemany("INSERT OR REPLACE INTO spans (tid, v) VALUES (?, ?)", some)
+        for tid, spans in changed.items():
+            k = self._kept.get(tid)
+            seq = k.facts.seq if k is not None else state.next_seq
+            if k is None:
+                state.next_seq += 1
+            self._kept[tid] = Kept(self._facts(tid, spans, seq))
+        if any(self._kept[t].facts.process for t in changed):
+            self._process = None
+            state.process_version += 1
+        run = self._analyse(changed)
+        self._save(changed)
+        db.execute("COMMIT")
+        self.run = run
+        return run
+
+    def _facts(self, tid: str, spans: list[Span], seq: int) -> TraceFacts:
+        req = [s for s in spans if s.name not in _PROCESS_SPANS]
+        facts = TraceFacts(seq, process=len(req) != len(spans), spans=len(spans))
+        if not req:
+            return facts
+        ix = TraceIndex(tid, req)
+        counts: dict[int, int] = {}
+        for s in req:
+            r = self._resource(s.resource)
+            counts[r] = counts.get(r, 0) + 1
+        facts.res = tuple(counts)
+        facts.durations = tuple(
+            (s.name, (s.end_ns - s.start_ns) / 1e6) for s in sorted(req, key=lambda s: s.start_ns)
+        )
+        facts.res_counts = tuple(counts.values())
+        root = ix.root
+        if root is not None:
+            facts.root_res = self._resource(root.resource)
+            facts.root_iv = (root.start_ns, root.end_ns)
+            facts.engine = tpot.decode_engine(ix)
+        facts.pairs = tuple(
+            (self._resource(a.resource), self._resource(b.resource), tb - ta)
+            for a, ta, b, tb in skew.causal_pairs(ix)
+        )
+        return facts
+
+    def _offsets(self, order: list[tuple[str, Kept]]) -> tuple[dict[str, ClockOffset], dict]:
+        """The run's clock offsets from the kept pairs (`analyze`'s estimate, exactly)."""
+        state = self._state
+        assert state is not None
+        used: dict[int, None] = {}
+        for _tid, k in order:
+            used.update(dict.fromkeys(k.facts.res))
+        resources = [state.resources[i] for i in used]
+        dom = skew.domains(resources)
+        label = {i: dom[state.resources[i]] for i in used}
+        roots = Counter(label[k.facts.root_res] for _t, k in order if k.facts.root_res is not None)
+        if roots:
+            ref = roots.most_common(1)[0][0]
+        else:
+            labels: Counter[str] = Counter()
+            for _t, k in order:
+                for r, n in zip(k.facts.res, k.facts.res_counts, strict=True):
+                    labels[label[r]] += n
+            ref = labels.most_common(1)[0][0] if labels else ""
+        offsets: dict[str, ClockOffset] = {}
+        if ref:
+            w: dict[tuple[str, str], int] = {}
+            n: dict[str, int] = {}
+            for _t, k in order:
+                for a, b, slack in k.facts.pairs:
+                    da, db = label[a], label[b]
+                    if da == db:
+                        continue
+                    key = (da, db)
+                    cur = w.get(key)
+                    if cur is None or slack < cur:
+                        w[key] = slack
+                    n[da] = n.get(da, 0) + 1
+                    n[db] = n.get(db, 0) + 1
+            offsets = skew.estimate_edges(skew.Edges(w, n), dom, ref, self.skew_policy)
+        return offsets, label
+
+    def _analyse(self, changed: dict[str, list[Span]]) -> RunAnalysis:
+        state = self._state
+        assert state is not None
+        order = sorted(self._kept.items(), key=lambda kv: kv[1].facts.seq)
+        offsets, label = self._offsets(order)
+        applied = {x: (o.offset_ms if self.correct_skew else 0.0) for x, o in offsets.items()}
+        off = [0] * len(state.resources)
+        for i, lab in label.items():
+            off[i] = round(applied.get(lab, 0.0) * 1e6)
+        self._off_ns = off
+        stale = [
+            tid
+            for tid, k in order
+            if k.facts.res and (tid in changed or k.offsets != tuple(off[r] for r in k.facts.res))
+        ]
+        need = [t for t in stale if t not in changed]
+        spans_of = {**self._load_spans(need), **changed} if need else changed
+        no_load = LoadCounter(())
+        for tid in stale:
+            k = self._kept[tid]
+            ix = TraceIndex(tid, [s for s in spans_of[tid] if s.name not in _PROCESS_SPANS])
+            off_ns = {id(s.resource): off[self._res_ix[id(s.resource)]] for s in ix.spans}
+            k.result = _request(ix, off_ns, no_load, self.buckets, self.load_buckets, False)
+            k.offsets = tuple(off[r] for r in k.facts.res)
+        self.last_reanalysed = len(stale)
+        self._stale_saved = stale
+        load = LoadCounter(k.facts.root_iv for _t, k in order if k.facts.root_iv is not None)
+        # TPOT breakdowns hold while the engine steps and offsets do: only new results
+        # need one (splitting a decode window over D's steps costs ~1 ms per request)
+        steps_key = (state.process_version, sorted(applied.items()))
+        redo = None if state.tpot_key != steps_key else set(stale)
+        requests: list[RequestAnalysis] = []
+        facts: dict[str, tuple[int, str | None]] = {}
+        for tid, k in order:
+            r = k.result
+            if r is None or not k.facts.res:
+                continue
+            f = k.facts
+            todo = redo is None or tid in redo
+            if todo:
+                r.tpot_breakdown_ms = None
+            if f.root_iv is not None and f.root_res is not None:
+                r.load = load.at(f.root_iv[0])
+                r.load_bucket = load_label(r.load, self.load_buckets)
+                if todo:
+                    facts[tid] = (f.root_iv[0] - off[f.root_res], f.engine)
+            else:
+                r.load, r.load_bucket = 0, "unknown"
+            r.bucket = bucket_label(r.prompt_tokens, self.buckets)
+            requests.append(r)
+        requests.sort(key=lambda r: r.start_unix_ms)
+        engine_steps = self._engine_steps(order, label, applied)
+        tpot.attach_facts(requests, facts, engine_steps)
+        self._save_all = redo is None
+        state.tpot_key = steps_key
+        return RunAnalysis(
+            requests=requests,
+            clock_offsets=offsets,
+            stats=state.stats,
+            skew_corrected=self.correct_skew,
+            skew_policy=self.skew_policy,
+            buckets=self.buckets,
+            load_buckets=self.load_buckets,
+            source=", ".join(str(p) for p in self.paths),
+            engine_steps=engine_steps,
+        )
+
+    def _engine_steps(
+        self, order: list[tuple[str, Kept]], label: dict[int, str], applied: dict[str, float]
+    ) -> steps_mod.EngineSteps:
+        """The run's engine steps on the proxy clock, kept until per-process spans arrive
+        or the offsets move (parsing every step again cost more than a warm report)."""
+        state = self._state
+        assert state is not None
+        key = (state.process_version, sorted(applied.items()))
+        if self._steps is None or self._steps[0] != key:
+            db = self._connect()
+            row = db.execute("SELECT v FROM meta WHERE k = 'steps'").fetchone()
+            kept = pickle.loads(row[0]) if row is not None else None
+            if kept is None or kept[0] != key:
+                used = [state.resources[i] for i in label]
+                placed = steps_mod.placed(self._process_spans(order), used, applied)
+                kept = (key, placed)
+                db.execute(
+                    "INSERT OR REPLACE INTO meta (k, v) VALUES ('steps', ?)",
+                    (pickle.dumps(kept, protocol=pickle.HIGHEST_PROTOCOL),),
+                )
+            self._steps = kept
+        return self._steps[1]
+
+    def _process_spans(self, order: list[tuple[str, Kept]]) -> list[Span]:
+        if self._process is None:
+            tids = [t for t, k in order if k.facts.process]
+            loaded = self._load_spans(tids)
+            self._process = [s for t in tids for s in loaded.get(t, ()) if s.name in _PROCESS_SPANS]
+        return self._process
+
+    def _save(self, changed: dict[str, list[Span]]) -> None:
+        """One segment of what changed (facts and results); merged when there are many."""
+        state = self._state
+        assert state is not None
+        db = self._connect()
+        touched = set(changed) | set(self._stale_saved)
+        if not touched and not self._save_all and state.segments:
+            db.execute(
+                "INSERT OR REPLACE INTO meta (k, v) VALUES ('state', ?)",
+                (pickle.dumps((format_key(), state), protocol=pickle.HIGHEST_PROTOCOL),),
+            )
+            return
+        if self._save_all or state.segments >= _COMPACT_AFTER or len(touched) * 2 > len(self._kept):
+            db.execute("DELETE FROM kept")
+            state.segments = 0
+            part = self._kept
+        else:
+            part = {t: self._kept[t] for t in touched}
+        db.execute(
+            "INSERT INTO kept (seg, v) VALUES (?, ?)",
+            (state.segments, pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)),
+        )
+        state.segments += 1
+        db.execute(
+            "INSERT OR REPLACE INTO meta (k, v) VALUES ('state', ?)",
+            (pickle.dumps((format_key(), state), protocol=pickle.HIGHEST_PROTOCOL),),
+        )
+
+    # ------------------------------------------------------------------ access
+    @property
+    def stats(self) -> LoadStats:
+        self._open()
+        assert self._state is not None
+        return self._state.stats
+
+    def describe(self) -> str:
+        return ", ".join(str(p) for p in self.paths)
+
+    def spans(self, trace_id: str) -> list[Span]:
+        """Every kept span of one trace (request and per-process), in arrival order."""
+        self._open()
+        return self._load_spans([trace_id]).get(trace_id, [])
+
+    def request(self, key: str) -> RequestAnalysis | None:
+        """One request with its span views (``analyze(spans=True)``'s), by trace or
+        request id, from the last `update`."""
+        if self.run is None:
+            self.update()
+        assert self.run is not None
+        found = self.run.get(key)
+        if found is None:
+            return None
+        return self.with_spans([found])[0]
+
+    def with_spans(self, requests: Sequence[RequestAnalysis]) -> list[RequestAnalysis]:
+        """Copies of `requests` (from the last `update`) with span views and lanes."""
+        loaded = self._load_spans([r.trace_id for r in requests])
+        out = []
+        no_load = LoadCounter(())
+        for r in requests:
+            spans = [s for s in loaded.get(r.trace_id, ()) if s.name not in _PROCESS_SPANS]
+            ix = TraceIndex(r.trace_id, spans)
+            off_ns = {id(s.resource): self._off_ns[self._res_ix[id(s.resource)]] for s in spans}
+            full = _request(ix, off_ns, no_load, self.buckets, self.load_buckets, True)
+            full.load, full.load_bucket, full.bucket = r.load, r.load_bucket, r.bucket
+            full.tpot_breakdown_ms = r.tpot_breakdown_ms
+            out.append(full)
+        return out
+
+    def span_durations(
+        self, requests: Iterable[RequestAnalysis]
+    ) -> list[tuple[str, str, str, str, float]]:
+        """(trace id, request id, mode, span name, ms) of every span of `requests`, from
+        the kept facts: what ``r.spans`` would give, without reading a span."""
+        out = []
+        for r in requests:
+            k = self._kept.get(r.trace_id)
+            if k is not None:
+                out += [(r.trace_id, r.request_id, r.mode, n, ms) for n, ms in k.facts.durations]
+        return out
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._kept)
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
+def index_run(
+    paths: Iterable[str | os.PathLike[str]],
+    *,
+    index_dir: str | os.PathLike[str] | None = None,
+    **kwargs: Any,
+) -> RunAnalysis:
+    """`analyze(TraceStore.from_paths(paths), spans=False)` through the index."""
+    idx = AnalysisIndex(paths, index_dir=index_dir, **kwargs)
+    try:
+        return idx.update()
+    finally:
+        idx.close()

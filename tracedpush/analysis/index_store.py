@@ -1,0 +1,83 @@
+"""What the analysis index stores, shared by `index` and its parallel cold build
+(`index_build`): per-trace facts, kept results, and span databases by trace id."""
+
+from __future__ import annotations
+
+import marshal
+import sqlite3
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tracedpush.analysis.model import Event, Resource, Span
+from tracedpush.analysis.results import RequestAnalysis
+
+SHARDS = 2  # span databases, by trace id: the cold build writes one per process
+
+
+@dataclass(slots=True)
+class TraceFacts:
+    """What the run-wide steps need of one trace, so they need not read its spans."""
+
+    seq: int  # first-seen order: `analyze` lists traces in the store's insertion order
+    res: tuple[int, ...] = ()  # resources of its request spans, in order of appearance
+    res_counts: tuple[int, ...] = ()  # request spans per resource (same order)
+    root_res: int | None = None
+    root_iv: tuple[int, int] | None = None  # raw (start_ns, end_ns) of the proxy's root
+    pairs: tuple[tuple[int, int, int], ...] = ()  # (resource a, resource b, slack ns)
+    engine: str | None = None  # decode engine (`tpot.decode_engine`)
+    process: bool = False  # holds per-process spans (engine.steps, engine.threads)
+    spans: int = 0
+    # (name, ms) of each request span by start: the console's span-duration view
+    durations: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(slots=True)
+class Kept:
+    facts: TraceFacts
+    offsets: tuple[int, ...] | None = None  # ns offsets of `facts.res` the result used
+    result: RequestAnalysis | None = None
+
+
+def shard_of(trace_id: str) -> int:
+    return zlib.crc32(trace_id.encode()) % SHARDS
+
+
+def open_span_db(directory: Path, shard: int, *, threads: bool = False) -> sqlite3.Connection:
+    db = sqlite3.connect(directory / f"spans-{shard}.sqlite", check_same_thread=not threads)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("CREATE TABLE IF NOT EXISTS spans (tid TEXT PRIMARY KEY, v BLOB)")
+    return db
+
+
+def pack(spans: Iterable[Span], res_ix: dict[int, int]) -> bytes:
+    """A trace's spans as plain tuples in `marshal` (four times quicker than pickle
+    here; Python-version specific, hence in `format_key`)."""
+    return marshal.dumps(
+        [
+            (
+                s.span_id,
+                s.parent_id,
+                s.name,
+                s.kind,
+                s.start_ns,
+                s.end_ns,
+                res_ix[id(s.resource)],
+                s.attributes,
+                [(e.name, e.time_ns, e.attributes) for e in s.events],
+                s.status_code,
+                s.status_message,
+            )
+            for s in spans
+        ]
+    )
+
+
+def unpack(tid: str, blob: bytes, resources: list[Resource]) -> list[Span]:
+    return [
+        Span(tid, sid, pid, name, kind, t0, t1, resources[r], attrs,
+             [Event(n, t, a) for n, t, a in evs], code, msg)
+        for sid, pid, name, kind, t0, t1, r, attrs, evs, code, msg in marshal.loads(blob)
+    ]  # fmt: skip
