@@ -95,15 +95,7 @@ class Snapshot:
             return self.run
         keep = None if trace_ids is None else set(trace_ids)
         chosen = [r for r in self.run.requests if keep is None or r.trace_id in keep]
-        return analysis.RunAnalysis(
-            requests=self.with_spans(chosen),
-            clock_offsets=self.run.clock_offsets,
-            stats=self.run.stats,
-            skew_corrected=self.run.skew_corrected,
-            buckets=self.run.buckets,
-            load_buckets=self.run.load_buckets,
-            source=self.run.source,
-        )
+        return self._subset(self.with_spans(chosen))
 
     def with_spans(self, requests: list[Any]) -> list[Any]:
         """`full` for many requests at once (one read of the index)."""
@@ -165,7 +157,10 @@ class Snapshot:
     def window(self, since_unix_ms: float) -> Any:
         """The requests that arrived at or after ``since_unix_ms`` as a RunAnalysis (same
         clock offsets and buckets), so ``analysis.compare`` can summarise just them."""
-        requests = [r for r in self.run.requests if r.start_unix_ms >= since_unix_ms]
+        return self._subset([r for r in self.run.requests if r.start_unix_ms >= since_unix_ms])
+
+    def _subset(self, requests: list[Any]) -> Any:
+        """`requests` as a RunAnalysis of this run's offsets, stats and buckets."""
         return analysis.RunAnalysis(
             requests=requests,
             clock_offsets=self.run.clock_offsets,

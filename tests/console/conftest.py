@@ -4,6 +4,7 @@ helpers that read the plotted figures back as JSON."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -18,6 +19,7 @@ from streamlit.testing.v1 import AppTest
 from tracedpush.analysis import RequestAnalysis, RunAnalysis, TraceStore, analyze
 from tracedpush.analysis.bench_results import OURS, REQUEST_IDS, SWEEP_MANIFEST, cell_filename
 from tracedpush.console.source import ENV_JAEGER, ENV_TRACES
+from tracedpush.testing import browser
 from tracedpush.testing.synthetic import SyntheticRun, generate
 from tracedpush.testing.synthetic.ranks import add_prefill_rank
 
@@ -185,3 +187,13 @@ def captured_streamlit(monkeypatch: pytest.MonkeyPatch) -> dict:
 
     monkeypatch.setattr(subprocess, "Popen", Proc)
     return seen
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[Any]:
+    """Headless Chromium for the browser tests (a skip here, a failure in CI, without it)."""
+    missing = browser.available()
+    if missing:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"browser test needs {missing}")
+    with browser.chromium() as d:
+        yield d

@@ -6,7 +6,6 @@ legacy file-based pages ran ``pages/phases.py`` alone, listing "app", "export", 
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -46,15 +45,6 @@ return {
     body: document.body.innerText,
 };
 """
-
-
-@pytest.fixture(scope="module")
-def driver():
-    missing = browser.available()
-    if missing:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"browser test needs {missing}")
-    with browser.chromium() as d:
-        yield d
 
 
 def _shown_when_loaded(driver: Any, title: str, timeout: float = 120.0) -> dict[str, Any]:

@@ -5,7 +5,6 @@ exception; without results it says how to get them."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -29,15 +28,6 @@ LINKS = """
 return [...document.querySelectorAll("a[href*='timeline?request=']")]
     .map(a => ({href: a.getAttribute('href'), text: a.innerText}));
 """
-
-
-@pytest.fixture(scope="module")
-def driver():
-    missing = browser.available()
-    if missing:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"browser test needs {missing}")
-    with browser.chromium() as d:
-        yield d
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ from tracedpush.analysis.timeline import (
 __all__ = ["DEFAULT_BUCKETS", "DEFAULT_LOAD_BUCKETS", "analyze"]
 
 _STATUS_NAMES = {STATUS_OK: "ok", STATUS_ERROR: "error"}
-_PROCESS_SPANS = frozenset(sc.PROCESS_SPANS)
+PROCESS_SPANS = frozenset(sc.PROCESS_SPANS)  # per process, not per request (index.py too)
 
 Source = TraceStore | Mapping[str, Iterable[Span]] | Iterable[Span]
 
@@ -103,9 +103,9 @@ def _analyze(
     process_spans: list[Span] = []
     indexes = []
     for tid, ss in items:
-        req = [s for s in ss if s.name not in _PROCESS_SPANS]
+        req = [s for s in ss if s.name not in PROCESS_SPANS]
         if len(req) != len(ss):
-            process_spans += [s for s in ss if s.name in _PROCESS_SPANS]
+            process_spans += [s for s in ss if s.name in PROCESS_SPANS]
         if req:
             indexes.append(TraceIndex(tid, req))
     resources = {id(s.resource): s.resource for ix in indexes for s in ix.spans}
@@ -116,7 +116,7 @@ def _analyze(
     off_ns = {rid: round(applied.get(dom[r], 0.0) * 1e6) for rid, r in resources.items()}
 
     load = LoadCounter((ix.root.start_ns, ix.root.end_ns) for ix in indexes if ix.root is not None)
-    requests = [_request(ix, off_ns, load, buckets, load_buckets, spans) for ix in indexes]
+    requests = [request_analysis(ix, off_ns, load, buckets, load_buckets, spans) for ix in indexes]
     requests.sort(key=lambda r: r.start_unix_ms)
     engine_steps = steps_mod.placed(process_spans, resources.values(), applied)
     tpot.attach(
@@ -138,7 +138,7 @@ def _analyze(
     )
 
 
-def _request(
+def request_analysis(
     ix: TraceIndex,
     off_ns: Mapping[int, int],
     load: LoadCounter,
@@ -146,6 +146,8 @@ def _request(
     load_buckets: tuple[int, ...],
     with_spans: bool,
 ) -> RequestAnalysis:
+    """One trace's analysis under clock offsets `off_ns`; the analysis index calls it for
+    just the traces that changed, so its result must depend on nothing but these."""
     root = ix.root
     if root is not None:
         origin = root.start_ns - off_ns.get(id(root.resource), 0)

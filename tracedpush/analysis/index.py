@@ -43,7 +43,7 @@ from typing import Any
 from tracedpush.analysis import skew, tpot
 from tracedpush.analysis import steps as steps_mod
 from tracedpush.analysis._gc import paused_gc
-from tracedpush.analysis.analyze import _PROCESS_SPANS, _request
+from tracedpush.analysis.analyze import PROCESS_SPANS, request_analysis
 from tracedpush.analysis.index_store import (
     SHARDS,
     Kept,
@@ -397,7 +397,7 @@ class AnalysisIndex:
         return run
 
     def _facts(self, tid: str, spans: list[Span], seq: int) -> TraceFacts:
-        req = [s for s in spans if s.name not in _PROCESS_SPANS]
+        req = [s for s in spans if s.name not in PROCESS_SPANS]
         facts = TraceFacts(seq, process=len(req) != len(spans), spans=len(spans))
         if not req:
             return facts
@@ -479,9 +479,9 @@ class AnalysisIndex:
         no_load = LoadCounter(())
         for tid in stale:
             k = self._kept[tid]
-            ix = TraceIndex(tid, [s for s in spans_of[tid] if s.name not in _PROCESS_SPANS])
+            ix = TraceIndex(tid, [s for s in spans_of[tid] if s.name not in PROCESS_SPANS])
             off_ns = {id(s.resource): off[self._res_ix[id(s.resource)]] for s in ix.spans}
-            k.result = _request(ix, off_ns, no_load, self.buckets, self.load_buckets, False)
+            k.result = request_analysis(ix, off_ns, no_load, self.buckets, self.load_buckets, False)
             k.offsets = tuple(off[r] for r in k.facts.res)
         self.last_reanalysed = len(stale)
         self._stale_saved = stale
@@ -553,7 +553,7 @@ class AnalysisIndex:
         if self._process is None:
             tids = [t for t, k in order if k.facts.process]
             loaded = self._load_spans(tids)
-            self._process = [s for t in tids for s in loaded.get(t, ()) if s.name in _PROCESS_SPANS]
+            self._process = [s for t in tids for s in loaded.get(t, ()) if s.name in PROCESS_SPANS]
         return self._process
 
     def _save(self, changed: dict[str, list[Span]]) -> None:
@@ -616,10 +616,10 @@ class AnalysisIndex:
         out = []
         no_load = LoadCounter(())
         for r in requests:
-            spans = [s for s in loaded.get(r.trace_id, ()) if s.name not in _PROCESS_SPANS]
+            spans = [s for s in loaded.get(r.trace_id, ()) if s.name not in PROCESS_SPANS]
             ix = TraceIndex(r.trace_id, spans)
             off_ns = {id(s.resource): self._off_ns[self._res_ix[id(s.resource)]] for s in spans}
-            full = _request(ix, off_ns, no_load, self.buckets, self.load_buckets, True)
+            full = request_analysis(ix, off_ns, no_load, self.buckets, self.load_buckets, True)
             full.load, full.load_bucket, full.bucket = r.load, r.load_bucket, r.bucket
             full.tpot_breakdown_ms = r.tpot_breakdown_ms
             out.append(full)

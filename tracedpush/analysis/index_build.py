@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from tracedpush.analysis.analyze import _PROCESS_SPANS, _request
+from tracedpush.analysis.analyze import PROCESS_SPANS, request_analysis
 from tracedpush.analysis.index_store import SHARDS, Kept, TraceFacts, open_span_db, pack, shard_of
 from tracedpush.analysis.model import LoadStats, Resource, Span
 from tracedpush.analysis.otlp import Decoder, Malformed, attributes, norm_id
@@ -252,10 +252,12 @@ def _run_worker(
             f = facts[tid]
             if not f.res:
                 continue
-            req = [s for s in spans.values() if s.name not in _PROCESS_SPANS]
+            req = [s for s in spans.values() if s.name not in PROCESS_SPANS]
             ix = TraceIndex(tid, req)
             off_ns = {id(s.resource): off[res_ix[id(s.resource)]] for s in req}
-            results[tid] = _request(ix, off_ns, no_load, idx.buckets, idx.load_buckets, False)
+            results[tid] = request_analysis(
+                ix, off_ns, no_load, idx.buckets, idx.load_buckets, False
+            )
         conn.send_bytes(pickle.dumps((results, _peak_kb()), protocol=pickle.HIGHEST_PROTOCOL))
     except BaseException:
         conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))

@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
             "tracedpush bench sweep: with --proxy, name the deployment's mode: --modes push "
             "or --modes pull"
         )
-    runner = CellRunner(plan, results, log=lambda m: None)
+    runner = CellRunner(plan, results)
     todo = {
         (m, k): [c for c in plan.cells(m, k) if args.force or not cell_done(results / c.filename)]
         for m, k in plan.order()
@@ -214,8 +214,8 @@ def run(args: argparse.Namespace) -> int:
                     progress.say(
                         f"{cell.label}: {plan.prompts(cell.qps)} requests at {cell.qps:g}/s"
                     )
-                    out = runner.run(cell, target)
-                    failed += _summarize(out, progress.say)
+                    out, data = runner.run(cell, target)
+                    failed += _summarize(out.name, data, progress.say)
                     progress.advance(cell.label)
     finally:
         progress.close()
@@ -227,13 +227,10 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _summarize(path: Path, say) -> int:
-    from tracedpush.analysis.bench_results import read_result
-
-    r = read_result(path)
-    d = r.data
+def _summarize(name: str, d: dict, say) -> int:
+    """One line per finished cell; the number of requests that failed in it."""
     say(
-        f"{path.name}: {d.get('completed')}/{len(r.rows)} ok, TTFT p50 "
+        f"{name}: {d.get('completed')}/{len(d['ttfts'])} ok, TTFT p50 "
         f"{d.get('median_ttft_ms', 0):.1f} ms, TPOT p50 {d.get('median_tpot_ms', 0):.2f} ms"
     )
     return int(d.get("failed") or 0)

