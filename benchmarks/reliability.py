@@ -108,7 +108,11 @@ def describe_prefill_kill(records: list[Record]) -> str:
         f"{num(f, 'decode_kv_usage_at_kill', '.3f')} at the kill, 0 "
         f"{num(f, 'decode_kv_freed_after_last_answer_s')} s after the last answer; "
         f"{num(f, 'requests_after_ok', 'd')}/{num(f, 'requests_after', 'd')} succeeded after; "
-        f"{num(f, 'traced_errors', 'd')} failed requests' traces with their error"
+        f"{num(f, 'traced_errors', 'd')} failed requests' traces with their error; the "
+        f"killed P back {num(f, 'prefill_back_s', '.0f')} s after the kill, then "
+        f"{num(f, 'requests_after_restart_failed', 'd')} of "
+        f"{num(f, 'requests_after_restart', 'd')} requests failed "
+        f"({num(f, 'restarted_prefill_served', '.0f')} served by the restarted P)"
     )
 
 
@@ -223,12 +227,14 @@ FAULTS: tuple[Fault, ...] = (
         soak=("pull",),
     ),
     Fault(
-        "one P of a 2P1D SIGKILLed under a closed loop of 8 streamed clients (~1,350-token "
-        "prompts), `--on-exit keep`",
+        "one P of a 2P1D SIGKILLed under a closed loop of 8 streamed clients (~1,800-token "
+        "prompts); `up` restarts it on its port under its engine id",
         "every failed client answered within 30 s: 502 naming the prefill leg, or (P "
         "answered, then died before its WRITE) D's error before any token; D frees every "
         "block (push: the producer watch, docs/connector.md); the other P serves the next "
-        "16 requests; each failed request's trace has its error",
+        "16 requests; each failed request's trace has its error; once the killed P is "
+        "back, it serves again (D's producer renewal): push loses no request, pull at "
+        "most the one whose READ found the old P gone",
         "tests/e2e/test_faults.py",
         "test_killing_a_prefill_mid_transfer_leaves_the_other_serving",
         describe_prefill_kill,

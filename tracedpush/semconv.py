@@ -235,6 +235,8 @@ EVENT_PREFILL_FINISHED: Final = "prefill_finished"  # kv.rendezvous
 EVENT_HANDED_TO_WRITER: Final = "handed_to_writer"  # kv.rendezvous: P's worker queued blocks
 EVENT_NOTIFICATION: Final = "notification"  # kv.notify: one per completion notification
 EVENT_HANDSHAKE: Final = "handshake"  # kv.register: D's notif-only handshake to P
+# tracedpush.request: P refused the connection, the request went to another P
+EVENT_PREFILL_REROUTED: Final = "prefill_rerouted"  # attributes: UPSTREAM_URL (the new P)
 
 # Error reasons (error.type values) for failed phases.
 ERR_HANDSHAKE: Final = "handshake_failed"

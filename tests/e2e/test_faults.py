@@ -54,6 +54,7 @@ class Up:
     def __init__(
         self, mode: str, run_dir: Path, *extra: str, env: dict[str, str] | None = None
     ) -> None:
+        self.run_dir = run_dir
         argv = [sys.executable, "-m", "tracedpush", "up", "--mode", mode, "--run-dir", str(run_dir)]
         argv += extra
         for flag, port in {**PORTS, **SIDE}.items():
@@ -291,8 +292,12 @@ def test_killing_a_prefill_mid_transfer_leaves_the_other_serving(
     P's side channel refuses connections, and D frees the blocks. Pull: D's READs from
     the dead P fail. Either way every client is answered, the failures name the prefill
     leg (or come back whole, recomputed by D), and the other P serves the next requests.
+
+    Then the launcher brings the dead P back on its port under its engine id, and it
+    serves again. vLLM alone kept the dead P's NIXL agent on D: in push every request
+    routed to the new P hung, in pull every one failed (D's producer renewal).
     """
-    up = Up(mode, tmp_path, "--num-prefill", "2", "--on-exit", "keep")
+    up = Up(mode, tmp_path, "--num-prefill", "2")
     try:
         up.wait_for("Press Ctrl-C", 600)
         model = _model()
@@ -362,6 +367,7 @@ def test_killing_a_prefill_mid_transfer_leaves_the_other_serving(
         _record_traced(figures, got)
         if mode == "push":  # D had registered blocks with the dead P, and let them go
             assert "refuses connections" in (tmp_path / "decode.log").read_text()
+        _restarted_prefill_serves(up, model, prefix, mode, killed_at, figures)
         print(
             f"\n{mode}: {len(failed)}/{len(cut)} requests failed, answered "
             f"{max(r['ended'] - killed_at for r in failed):.1f} s after the kill at most "
@@ -372,6 +378,56 @@ def test_killing_a_prefill_mid_transfer_leaves_the_other_serving(
         )
     finally:
         up.stop_clean(18501, 15801)  # the second P's HTTP and side-channel ports
+
+
+def _restarted_prefill_serves(
+    up: Up, model: str, prefix: str, mode: str, killed_at: float, figures: Figures
+) -> None:
+    """The killed P, restarted by `up` on its port and engine id, serves requests again.
+
+    Push: the request that finds D still holding the dead P's agent is served too (D
+    handshakes again and resends its registration). Pull: that request's READ fails and
+    it gets an error; D then handshakes again, and the next ones are served.
+    """
+    up.wait_for("prefill is healthy again", 420)
+    figures.record(prefill_back_s=time.monotonic() - killed_at)
+    deadline = time.monotonic() + 60
+    while not all(i["healthy"] for i in _proxy_health()["prefill"]):
+        assert time.monotonic() < deadline, _proxy_health()
+        time.sleep(1)
+    before = metric_sum(PREFILL, "vllm:request_success_total")  # the new process: from 0
+    first = []  # one at a time until the restarted P has served one
+    while metric_sum(PREFILL, "vllm:request_success_total") == before and len(first) < 6:
+        first.append(_stream(model, f"{prefix}-back-{len(first)}", 8, None))
+    with ThreadPoolExecutor(4) as pool:
+        after = list(
+            pool.map(lambda i: _stream(model, f"{prefix}-back-{i}", 8, None), range(6, 22))
+        )
+    lost_first = [r for r in first if r["status"] != 200 or r["error"] or r["tokens"] != 8]
+    bad = [r for r in after if r["status"] != 200 or r["error"] or r["tokens"] != 8]
+    served = metric_sum(PREFILL, "vllm:request_success_total") - before
+    figures.record(
+        requests_after_restart=len(first) + len(after),
+        requests_after_restart_failed=len(lost_first) + len(bad),
+        restarted_prefill_served=served,
+    )
+    assert served >= 2, (served, first, after)  # both rounds reached the restarted P
+    assert not bad, bad
+    if mode == "push":
+        assert not lost_first, lost_first
+    else:  # at most the one READ issued before D saw P's agent was gone: a clear error
+        assert len(lost_first) <= 1 and all(r["error"] for r in lost_first), lost_first
+    if lost_first or mode == "push":
+        log = (up.run_dir / "decode.log").read_text()
+        assert "no longer answers at its NIXL agent" in log
+
+
+def _proxy_health() -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(f"{PROXY}/health", timeout=10) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:  # 503 while an instance is down: same body
+        return json.loads(e.read())
 
 
 HANG_S = 60.0

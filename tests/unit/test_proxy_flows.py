@@ -396,6 +396,42 @@ def test_with_health_checks_a_refused_instance_is_skipped_until_healthy():
     run(scenario)
 
 
+@pytest.mark.parametrize("mode", ["push", "pull"])
+def test_a_request_whose_prefill_refuses_the_connection_goes_to_another(mode):
+    """A P that died since its last health check refuses the connection. In pull mode
+    (and in push mode while P's coordinates are unknown) nothing has reached D yet, so
+    the request goes to the other P and the client never sees the dead one. In push
+    mode with known coordinates D already has the request, waiting for that P's KV: a
+    502 naming the prefill leg, as before (docs/proxy.md)."""
+
+    async def scenario():
+        prefill = [StubEngine("prefill", mode=mode), StubEngine("prefill", mode=mode)]
+        async with proxy_rig(mode, prefill=prefill, health_interval=3600) as rig:
+            state = rig.client.app[STATE]
+            await until(lambda: all(i.healthy for i in state.instances))
+            dead = state.prefill.instances[1]
+            dead.url = await dead_url()  # the engine went away after its check
+            statuses = [
+                (await rig.client.post("/v1/completions", json=BODY)).status for _ in range(4)
+            ]
+            assert dead.healthy is False and "connect failed" in dead.last_error
+            rerouted = [
+                s
+                for s in rig.spans("tracedpush.request")
+                if any(e.name == "prefill_rerouted" for e in s.events)
+            ]
+            if mode == "pull":
+                assert statuses == [200] * 4 and len(prefill[0].requests) == 4
+                (root,) = rerouted
+                (event,) = [e for e in root.events if e.name == "prefill_rerouted"]
+                assert event.attributes["tracedpush.upstream"] == state.prefill.instances[0].url
+                assert root.attributes["http.response.status_code"] == 200
+            else:
+                assert sorted(statuses) == [200, 200, 200, 502] and not rerouted
+
+    run(scenario)
+
+
 def test_no_usable_instance_is_a_503():
     async def scenario():
         async with proxy_rig("pull", health_interval=3600) as rig:

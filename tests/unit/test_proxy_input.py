@@ -64,6 +64,7 @@ FIELD_CASES = [
     (COMPLETIONS, {"logprobs": 0}, "logprobs", "discards its answer"),
     (COMPLETIONS, {"logprobs": False}, "logprobs", "P/D"),  # vLLM reads false as 0: on
     (COMPLETIONS, {"prompt_logprobs": 1}, "prompt_logprobs", "recomputes the whole prompt"),
+    (CHAT, {"echo": True}, "echo", "recompute the whole prompt"),
     (CHAT, {"logprobs": True}, "logprobs", "KV"),
     (CHAT, {"top_logprobs": 2}, "top_logprobs", "KV"),
     (CHAT, {"prompt_logprobs": 0}, "prompt_logprobs", "recomputes"),
@@ -148,7 +149,7 @@ def test_valid_requests_with_many_fields_pass():
                 "some_future_field": {"anything": [1, None]},
             }
             completions = PROMPT | common | {"echo": False, "logprobs": None, "prompt": [1, 2]}
-            chat = MESSAGES | common | {"echo": True, "logprobs": False, "top_logprobs": 0}
+            chat = MESSAGES | common | {"echo": False, "logprobs": False, "top_logprobs": 0}
             chat["messages"] = [
                 {"role": "system", "content": "be brief"},
                 {"role": "assistant", "content": None},

@@ -16,19 +16,19 @@ docs/connector.md, "Heterogeneous TP"); these tests keep it checked in every run
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
-from vllm.v1.request import RequestStatus
 from vllm_workers import (
+    D_RID,
     TRACEPARENT,
     Deployment,
     Engine,
-    blocks,
+    decode,
     deployment,
+    first_token,
+    prefill,
     report,
-    request,
-    scheduled,
+    steps_until_received,
     until,
 )
 
@@ -36,65 +36,7 @@ from tracedpush import semconv as sc
 from tracedpush.analysis import TraceStore, analyze, phases
 from tracedpush.analysis.model import STATUS_ERROR, Span
 
-P_RID = "cmpl-req-7-0-8b86e050"  # the same request as P and D name it (-<8 hex> apart)
-D_RID = "cmpl-req-7-0-a38b6b14"
 TRACE_ID = TRACEPARENT.split("-")[1]
-
-
-def prefill(p: Engine, traceparent: str = TRACEPARENT) -> None:
-    """P computes the request and finishes it: vLLM hands its blocks to each rank's writer."""
-    params = {
-        "do_remote_decode": True,
-        "do_remote_prefill": False,
-        sc.KV_PARAMS_TRACE_KEY: {"traceparent": traceparent},
-    }
-    req = request(P_RID, params)
-    p.scheduler.on_new_request(req)
-    assert p.scheduler.get_num_new_matched_tokens(req, 0) == (0, False)
-    p.scheduler.update_state_after_alloc(req, blocks(1, 2), 0)
-    p.schedule(scheduled(P_RID))
-    req.status = RequestStatus.FINISHED_LENGTH_CAPPED
-    req.num_computed_tokens = req.num_prompt_tokens
-    delay, _ = p.scheduler.request_finished_all_groups(req, ([1, 2],))
-    assert delay  # P keeps the blocks until they are pushed
-    p.schedule(scheduled())
-
-
-def decode(d: Engine, p: Engine, traceparent: str = TRACEPARENT) -> Any:
-    """D allocates the request's blocks; its writer registers them with P's ranks."""
-    params = {
-        "do_remote_prefill": True,
-        "do_remote_decode": False,
-        "remote_request_id": "cmpl-req-7-0",
-        "remote_block_ids": [],
-        **p.coordinates(),
-        sc.KV_PARAMS_TRACE_KEY: {"traceparent": traceparent},
-    }
-    req = request(D_RID, params)
-    d.scheduler.on_new_request(req)
-    n_tokens, load_async = d.scheduler.get_num_new_matched_tokens(req, 0)
-    assert n_tokens > 0 and load_async
-    d.scheduler.update_state_after_alloc(req, blocks(5, 6), n_tokens)
-    d.schedule(scheduled())  # waiting for remote KV: allocated, not scheduled
-    return req
-
-
-def steps_until_received(p: Engine, d: Engine) -> None:
-    """Engine steps on both sides until every D rank reported the request received."""
-
-    def received() -> bool:
-        report(p, p.idle_step())
-        results = d.idle_step()
-        report(d, results)
-        return all(D_RID in (r.finished_recving or ()) for r in results)
-
-    until(received, "D to receive the KV")
-
-
-def first_token(d: Engine, req: Any) -> None:
-    d.schedule(scheduled(D_RID))  # decode ends: scheduled for compute after the KV came
-    req.status = RequestStatus.FINISHED_LENGTH_CAPPED
-    d.scheduler.request_finished_all_groups(req, ([5, 6],))
 
 
 def spans_in(traces: Path) -> list[Span]:

@@ -41,6 +41,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import RequestStatus
 from vllm_workers import TRACEPARENT, scheduled
+from vllm_workers import bare as _bare
 from vllm_workers import blocks as _blocks
 from vllm_workers import request as _request
 
@@ -116,17 +117,6 @@ def _evaluate(expr: ast.expr, **names: Any) -> Any:
     """Evaluate one of vLLM's own expressions with the given local names."""
     code = compile(ast.Expression(expr), "<vllm expression>", "eval")
     return eval(code, {}, names)  # vLLM's own source, read from the installed package
-
-
-def _bare(cls: type, **attrs: Any) -> Any:
-    """A worker without __init__ (no NIXL agent, no torch.distributed): only `attrs`.
-
-    vLLM's methods then run unchanged on it; one that reads an attribute not given here
-    fails with an AttributeError naming it (the seam grew: re-review, then add it)."""
-    worker = cls.__new__(cls)
-    for key, value in attrs.items():
-        setattr(worker, key, value)
-    return worker
 
 
 class FakeAgent:
@@ -237,6 +227,22 @@ def test_version_py_instance_seams_are_set_by_the_workers_init(cls, names):
     if "_failed_recv_reqs" in names:
         assert assigned["_recving_metadata"] == "{}"
         assert assigned["_failed_recv_reqs"] == "queue.Queue()"
+
+
+@pytest.mark.parametrize(
+    ("cls", "names"),
+    [
+        (NixlPushConnectorWorker, version.PUSH_RENEWAL_SEAMS),
+        (NixlPullConnectorWorker, version.PULL_RENEWAL_SEAMS),
+    ],
+)
+def test_the_producer_renewals_seams_are_methods_or_set_by_init(cls, names):
+    """producer_renewal.py wraps or calls each: a method of the worker, or set in __init__."""
+    assigned = _assigned_in_init(cls)
+    missing = [
+        n for n in names if not inspect.isfunction(getattr(cls, n, None)) and n not in assigned
+    ]
+    assert not missing, f"{cls.__name__} no longer has {missing}"
 
 
 def test_vllm_reports_what_the_producer_watch_puts_on_the_failed_receive_queue():

@@ -47,9 +47,10 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.outputs import KVConnectorOutput
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 import tracedpush.connector as ours
+from tracedpush import semconv
 from tracedpush.testing.net import free_port
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -77,6 +78,17 @@ def scheduled(*rids: str) -> SchedulerOutput:
     return output
 
 
+def bare(cls: type, **attrs: Any) -> Any:
+    """A worker without __init__ (no NIXL agent, no torch.distributed): only `attrs`.
+
+    vLLM's methods then run unchanged on it; one that reads an attribute not given here
+    fails with an AttributeError naming it (the seam grew: re-review, then add it)."""
+    worker = cls.__new__(cls)
+    for key, value in attrs.items():
+        setattr(worker, key, value)
+    return worker
+
+
 # ------------------------------------------------------------------- fake NIXL
 class Telemetry:
     """What NIXL's get_xfer_telemetry returns (the fields the builder reads)."""
@@ -96,10 +108,17 @@ class Fabric:
         self.lock = threading.Lock()
         self.held: set[str] = set()  # agents whose WRITEs stay in progress
         self.writes: list[tuple[str, str, bytes]] = []  # (from, to, notif) as posted
+        self.dead: set[str] = set()  # agents of processes that died
 
     def deliver(self, sender: str, receiver: str | bytes, message: bytes) -> None:
+        if _name(receiver) in self.dead:
+            raise nixlRemoteDisconnectError("NIXL_ERR_REMOTE_DISCONNECT")
         with self.lock:
             self.agents[_name(receiver)].inbox[sender].append(message)
+
+
+class nixlRemoteDisconnectError(RuntimeError):
+    """What NIXL raises for a peer whose process is gone (UCX endpoint closed)."""
 
 
 def _name(agent: str | bytes) -> str:
@@ -235,11 +254,12 @@ class Engine:
         engine_id: str,
         tp: int,
         traces_dir: Path,
+        port: int | None = None,
     ) -> None:
         self.role = role
         self.engine_id = engine_id
         self.tp = tp
-        self.port = free_port()
+        self.port = port or free_port()
         mp = deployment.monkeypatch
         mp.setenv("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
         mp.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", str(self.port))
@@ -380,8 +400,9 @@ class Deployment:
         )
         self.engines: list[Engine] = []
 
-    def engine(self, role: str, engine_id: str, tp: int) -> Engine:
-        engine = Engine(self, role, engine_id, tp, self.traces_dir)
+    def engine(self, role: str, engine_id: str, tp: int, port: int | None = None) -> Engine:
+        """A new engine; `port` (its side channel) to stand in for one restarted there."""
+        engine = Engine(self, role, engine_id, tp, self.traces_dir, port)
         self.engines.append(engine)
         return engine
 
@@ -408,3 +429,70 @@ def until(condition: Callable[[], Any], what: str, timeout_s: float = 20.0) -> A
             return value
         time.sleep(0.005)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+# ------------------------------------------------------------------ one request
+# The same request as P and D name it: vLLM appends -<8 hex> to the client's id.
+BASE_RID = "cmpl-req-7-0"
+P_RID = f"{BASE_RID}-8b86e050"
+D_RID = f"{BASE_RID}-a38b6b14"
+
+
+def prefill(
+    p: Engine, traceparent: str = TRACEPARENT, base: str = BASE_RID, block_ids=(1, 2)
+) -> None:
+    """P computes the request and finishes it: vLLM hands its blocks to each rank's writer."""
+    params = {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        semconv.KV_PARAMS_TRACE_KEY: {"traceparent": traceparent},
+    }
+    req = request(f"{base}-8b86e050", params)
+    p.scheduler.on_new_request(req)
+    assert p.scheduler.get_num_new_matched_tokens(req, 0) == (0, False)
+    p.scheduler.update_state_after_alloc(req, blocks(*block_ids), 0)
+    p.schedule(scheduled(req.request_id))
+    req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+    req.num_computed_tokens = req.num_prompt_tokens
+    delay, _ = p.scheduler.request_finished_all_groups(req, (list(block_ids),))
+    assert delay  # P keeps the blocks until they are pushed
+    p.schedule(scheduled())
+
+
+def decode(
+    d: Engine, p: Engine, traceparent: str = TRACEPARENT, base: str = BASE_RID, block_ids=(5, 6)
+) -> Request:
+    """D allocates the request's blocks; its writer registers them with P's ranks."""
+    params = {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_request_id": base,
+        "remote_block_ids": [],
+        **p.coordinates(),
+        semconv.KV_PARAMS_TRACE_KEY: {"traceparent": traceparent},
+    }
+    req = request(f"{base}-a38b6b14", params)
+    d.scheduler.on_new_request(req)
+    n_tokens, load_async = d.scheduler.get_num_new_matched_tokens(req, 0)
+    assert n_tokens > 0 and load_async
+    d.scheduler.update_state_after_alloc(req, blocks(*block_ids), n_tokens)
+    d.schedule(scheduled())  # waiting for remote KV: allocated, not scheduled
+    return req
+
+
+def steps_until_received(p: Engine, d: Engine, d_rid: str = D_RID) -> None:
+    """Engine steps on both sides until every D rank reported the request received."""
+
+    def received() -> bool:
+        report(p, p.idle_step())
+        results = d.idle_step()
+        report(d, results)
+        return all(d_rid in (r.finished_recving or ()) for r in results)
+
+    until(received, "D to receive the KV")
+
+
+def first_token(d: Engine, req: Request, block_ids=(5, 6)) -> None:
+    d.schedule(scheduled(req.request_id))  # decode ends: scheduled after the KV came
+    req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+    d.scheduler.request_finished_all_groups(req, (list(block_ids),))

@@ -25,6 +25,7 @@ _KEYS = {
     "sample_threads": bool,
     "producer_watch": bool,
     "producer_check_after_s": (int, float),
+    "producer_renewal": bool,
 }
 
 
@@ -39,6 +40,8 @@ class TracedConfig:
     # push D: fail receives whose prefill engine refuses connections (producer_watch.py)
     producer_watch: bool = True
     producer_check_after_s: float = 5.0
+    # push D: handshake again with a P restarted under its engine id (producer_renewal.py)
+    producer_renewal: bool = True
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> TracedConfig:
@@ -65,6 +68,7 @@ class TracedConfig:
             producer_check_after_s=float(
                 raw.get("producer_check_after_s", cls.producer_check_after_s)
             ),
+            producer_renewal=bool(raw.get("producer_renewal", cls.producer_renewal)),
         )
 
     def service_for(self, role: str) -> str:

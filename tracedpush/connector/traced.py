@@ -38,6 +38,7 @@ from tracedpush import semconv
 from tracedpush.connector import version
 from tracedpush.connector.config import TracedConfig
 from tracedpush.connector.metrics import TracedKVConnectorStats, TracedPromMetrics, collect_stats
+from tracedpush.connector.producer_renewal import PullRenewal, PushRenewal
 from tracedpush.connector.tap import NixlAgentTap
 from tracedpush.telemetry import events as ev
 from tracedpush.telemetry.builder import BuilderConfig
@@ -87,9 +88,10 @@ class TracedConnectorMixin:
         config = self._tp_config = TracedConfig.from_extra_config(ktc.kv_connector_extra_config)
         self._tp_role = _role_for(ktc.kv_role)
         self._tp_block_size = int(getattr(vllm_config.cache_config, "block_size", 16) or 16)
+        worker = getattr(self, "connector_worker", None)
+        self._tp_renewal = self._tp_renewal_for(worker, config)
         if not config.enabled:
             return
-        worker = getattr(self, "connector_worker", None)
         if worker is not None:  # checked before anything is wrapped
             version.check_seams(worker, version.WORKER_INSTANCE_SEAMS, type(worker).__name__)
         try:
@@ -99,6 +101,28 @@ class TracedConnectorMixin:
             self._tp_record = None
 
     # ------------------------------------------------------------------ setup
+    def _tp_renewal_for(self, worker: Any, config: TracedConfig) -> Any:
+        """D: serve again after a prefill restart (producer_renewal.py); not tracing."""
+        if worker is None or self._tp_role != "decode" or not config.producer_renewal:
+            return None
+        push = self._TRACEDPUSH_MODE == "push"
+        try:
+            seams = version.PUSH_RENEWAL_SEAMS if push else version.PULL_RENEWAL_SEAMS
+            version.check_seams(worker, seams, type(worker).__name__)
+            return (PushRenewal if push else PullRenewal)(worker).install()
+        except Exception:
+            log.exception("tracedpush: no producer renewal; vLLM's own behaviour applies")
+            return None
+
+    def _tp_renew(self) -> None:
+        """Engine thread, after start_load_kv: one truthiness test unless a peer failed."""
+        renewal = self._tp_renewal
+        if renewal is not None and renewal.pending:
+            try:
+                renewal.apply()
+            except Exception:  # never take the engine down
+                log.exception("tracedpush: producer renewal failed this step")
+
     def _tp_start(self, config: TracedConfig, engine_id: str, worker: Any) -> None:
         side = "worker" if worker is not None else "scheduler"
         rank = int(getattr(worker, "tp_rank", 0)) if worker is not None else 0
@@ -306,6 +330,7 @@ class TracedConnectorMixin:
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         if self._tp_record is None:
             super().start_load_kv(forward_context, **kwargs)  # type: ignore[misc]
+            self._tp_renew()
             return
         t0 = time_ns()
         try:
@@ -313,6 +338,7 @@ class TracedConnectorMixin:
         except Exception:
             pass
         super().start_load_kv(forward_context, **kwargs)  # type: ignore[misc]
+        self._tp_renew()
         self._tp_ns[1] += time_ns() - t0
 
     def wait_for_save(self) -> None:

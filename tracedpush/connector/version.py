@@ -23,6 +23,24 @@ PUSH_WORKER_SEAMS = ("_do_start_push_kv",)
 WORKER_INSTANCE_SEAMS = ("nixl_wrapper", "tp_rank", "world_size")
 # What the push decode's producer watch reads and feeds (producer_watch.py).
 PRODUCER_WATCH_SEAMS = ("_recving_metadata", "_failed_recv_reqs")
+# What D's producer renewal wraps and calls, per mode (producer_renewal.py).
+PUSH_RENEWAL_SEAMS = (
+    "_do_send_reg_notif",
+    "_reg_send_inbox",
+    "_push_writer_wake",
+    "_remote_agents",
+    "_handshake_lock",
+    "_cleanup_remote_engine",
+    "_recving_metadata",
+    "_failed_recv_reqs",
+)
+PULL_RENEWAL_SEAMS = (
+    "_log_failure",
+    "_recving_metadata",
+    "_remote_agents",
+    "_invalid_remote_engines",
+    "_mark_remote_engine_invalid",
+)
 
 
 class UnsupportedVLLMError(RuntimeError):

@@ -169,6 +169,7 @@ class Exchange:
         self.token_events = 0
         self.client_gone = False
         self.done_sent = False  # the [DONE] sentinel reached the client
+        self.decode_started = False  # D's leg began: the request may have reached D
         self.tasks: list[asyncio.Task[Any]] = []
         self.finish_alone: set[asyncio.Task[Any]] = set()  # never cancelled: see push_flow
         self._cancel_causes: dict[asyncio.Task[Any], tuple[str, str]] = {}
@@ -330,6 +331,7 @@ def _learn_from_prefill(ex: Exchange, inst: Instance, span: Span, kv: Any) -> No
 async def decode_leg(ex: Exchange, inst: Instance, span: Span, kv: dict[str, Any]) -> None:
     """D's call, relayed to the client (SSE event by event, or the whole JSON)."""
     state = ex.state
+    ex.decode_started = True
     body, injected_usage = decode_body(ex.body, kv)
     loop = asyncio.get_running_loop()
     first_byte_at = loop.time() + state.upstream.timeouts.first_byte
@@ -598,11 +600,34 @@ async def _serve(ex: Exchange) -> None:
     ex.request_id = state.claim_request_id(ex.request.headers.get("X-Request-Id"))
     ex.root.set_attribute(semconv.REQUEST_ID, ex.request_id)
     p, d = _pick(state.prefill), _pick(state.decode)
-    with state.prefill.acquire(p), state.decode.acquire(d):
-        if state.mode == "pull":
-            await pull_flow(ex, p, d)
-        else:
-            await push_flow(ex, p, d)
+    flow = pull_flow if state.mode == "pull" else push_flow
+    try:
+        with state.prefill.acquire(p), state.decode.acquire(d):
+            await flow(ex, p, d)
+    except UpstreamFailure as err:
+        if (other := _prefill_instead(ex, p, err)) is None:
+            raise
+        with state.prefill.acquire(other), state.decode.acquire(d):
+            await flow(ex, other, d)
+
+
+def _prefill_instead(ex: Exchange, p: Instance, err: UpstreamFailure) -> Instance | None:
+    """Another P for a request whose P refused the connection before any engine saw it.
+
+    A P that died moments ago refuses connections until a health check marks it down
+    (a refusal marks it at once, with periodic checks on). Nothing reached P, D was not
+    contacted and the client has no answer yet, so sending the request to another P
+    loses nothing. Once, and only then: after D got the request (push), it waits for
+    that P's KV, and a second failure is the answer.
+    """
+    if err.leg != "prefill" or err.sent or ex.decode_started or ex.response is not None:
+        return None
+    other = ex.state.prefill.pick()
+    if other is None or other is p:
+        return None
+    log.warning("prefill %s refused a connection; %s goes to %s", p.url, ex.request_id, other.url)
+    ex.root.add_event(semconv.EVENT_PREFILL_REROUTED, {semconv.UPSTREAM_URL: other.url})
+    return other
 
 
 def _finish(ex: Exchange, failed_leg: str | None) -> None:

@@ -88,9 +88,11 @@ class UpstreamFailure(ProxyError):
         status: int = 502,
         error_type: str = semconv.ERR_UPSTREAM,
         upstream_status: int | None = None,
+        sent: bool = True,
     ) -> None:
         super().__init__(f"{leg} leg: {message}")
         self.leg = leg
+        self.sent = sent  # False: no connection, so the engine never saw the request
         self.status = status
         self.error_type = error_type
         self.upstream_status = upstream_status

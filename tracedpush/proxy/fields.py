@@ -206,7 +206,7 @@ COMPLETIONS_FIELDS: dict[str, Field] = {
 CHAT_FIELDS: dict[str, Field] = {
     **COMMON_FIELDS,
     "max_completion_tokens": _f(integer(1)),
-    "echo": _f(boolean, nullable=False),  # chat's echo repeats the last message's text
+    "echo": _f(boolean, nullable=False),  # refused when true: WHY_PD_CHAT
     "add_generation_prompt": _f(boolean, nullable=False),
     "continue_final_message": _f(boolean, nullable=False),
     "add_special_tokens": _f(boolean, nullable=False),
@@ -253,6 +253,14 @@ WHY_PD: dict[str, str] = {
     "logprobs": f"{PREFILL_DISCARDED}, so the proxy returns no log-probabilities",
     "top_logprobs": f"{PREFILL_DISCARDED}, so the proxy returns no log-probabilities",
 }
+# Where chat differs (vLLM 0.32's ChatCompletionRequest.to_sampling_params and
+# serving_chat; seen on a real engine, with and without the proxy).
+WHY_PD_CHAT: dict[str, str] = {
+    "echo": "vLLM turns a chat echo into prompt log-probabilities (prompt_logprobs = "
+    "top_logprobs, 0 by default), so the decode engine would skip the transferred KV and "
+    "recompute the whole prompt itself; streamed, vLLM 0.32 also ends the answer with an "
+    "error event (its DeltaMessage refuses the echoed content)",
+}
 
 
 def _off(value: Any, *, false: bool = False, zero: bool = False) -> bool:
@@ -278,6 +286,7 @@ def pd_unsupported(route_is_chat: bool, body: dict[str, Any]) -> tuple[str, str]
     ]
     if route_is_chat:
         checks += [
+            ("echo", _off(body.get("echo"), false=True)),
             ("logprobs", _off(body.get("logprobs"), false=True)),
             ("top_logprobs", _off(body.get("top_logprobs"), false=True, zero=True)),
         ]
@@ -289,9 +298,8 @@ def pd_unsupported(route_is_chat: bool, body: dict[str, Any]) -> tuple[str, str]
     for key, off in checks:
         if not off:
             got = short(body[key])
-            return key, f"'{key}' is not supported through P/D disaggregation (got {got}): " + (
-                WHY_PD[key]
-            )
+            why = (WHY_PD_CHAT if route_is_chat else {}).get(key) or WHY_PD[key]
+            return key, f"'{key}' is not supported through P/D disaggregation (got {got}): " + why
     return None
 
 

@@ -101,6 +101,7 @@ class UpstreamClient:
                 f"({self.timeouts.connect:g} s)",
                 status=504,
                 error_type=semconv.ERR_UPSTREAM_TIMEOUT,
+                sent=False,
             ) from None
         except TimeoutError:
             if first_byte_at is not None and first_byte_at < deadline:
@@ -117,7 +118,7 @@ class UpstreamClient:
             if self.passive_health:
                 instance.mark(False, f"connect failed: {exc.os_error or exc}")
             raise UpstreamFailure(
-                leg, f"cannot connect to {instance.url}: {exc.os_error or exc}"
+                leg, f"cannot connect to {instance.url}: {exc.os_error or exc}", sent=False
             ) from None
         except aiohttp.ClientError as exc:
             detail = str(exc) or type(exc).__name__

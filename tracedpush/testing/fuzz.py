@@ -210,7 +210,7 @@ class RequestSchema:
             **self.rules,
             "n": lambda v: v is None or (is_int(v) and v == 1),
             "max_completion_tokens": nullable(lambda v: in_i64(v) and v >= 1),
-            "echo": is_bool,  # chat's echo repeats the last message's text: fine through P/D
+            "echo": lambda v: v is None or v is False,  # fields.WHY_PD_CHAT
             "add_generation_prompt": is_bool,
             "continue_final_message": is_bool,
             "tools": nullable(lambda v: type(v) is list and all(type(t) is dict for t in v)),
