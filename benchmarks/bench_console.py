@@ -12,6 +12,8 @@ Generates synthetic push/pull traces (tracedpush.testing.synthetic), then measur
 Prints a table and writes docs/benchmarks/console.md and console.json.
 
     python benchmarks/bench_console.py [--requests 10000] [--no-browser]
+    python benchmarks/bench_console.py --traces DIR  # a run already there (e.g. the
+        # 200,000 requests bench_report.py --keep DIR built; its analysis index is used)
 """
 
 from __future__ import annotations
@@ -128,16 +130,25 @@ def _browser(directory: Path, repeats: int) -> dict[str, dict[str, float]]:
     return out
 
 
+def _how(result: dict) -> str:
+    source = result.get("source", "synthetic")
+    return f"--requests {result['requests']}" if source == "synthetic" else f"--traces {source}"
+
+
 def _markdown(result: dict) -> str:
     lines = [
         "# Console first render",
         "",
-        f"`python benchmarks/bench_console.py --requests {result['requests']}` on "
+        f"`python benchmarks/bench_console.py {_how(result)}` on "
         f"{result['machine']} ({result['cpus']} CPUs), {result['date']}; 1-minute load "
         f"average {result['loadavg_start']:.1f} at the start, {result['loadavg_end']:.1f} at "
         "the end (other work shared the machine).",
-        "Synthetic push/pull traces (`tracedpush.testing.synthetic`): "
-        f"{result['load']['requests']:,} requests, {result['load']['spans']:,} spans.",
+        (
+            "Synthetic push/pull traces (`tracedpush.testing.synthetic`): "
+            if result.get("source", "synthetic") == "synthetic"
+            else f"The run in `{result['source']}` (analysis index already built): "
+        )
+        + f"{result['load']['requests']:,} requests, {result['load']['spans']:,} spans.",
         "",
         "| what | median s | max s |",
         "|---|---:|---:|",
@@ -176,13 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-browser", action="store_true")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--traces", type=Path, help="measure this traces directory instead")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
 
     with tempfile.TemporaryDirectory(prefix="tracedpush-bench-console-") as tmp:
-        directory = Path(tmp)
-        print(f"generating {args.requests:,} requests ...", flush=True)
-        gen_s = _write_traces(args.requests, directory)
+        directory = args.traces or Path(tmp)
+        gen_s = 0.0
+        if args.traces is None:
+            print(f"generating {args.requests:,} requests ...", flush=True)
+            gen_s = _write_traces(args.requests, directory)
         result = {
             "requests": args.requests,
             "machine": platform.machine(),
@@ -192,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
             "generate_s": gen_s,
             "load": _load(directory),
         }
+        result["requests"] = result["load"]["requests"]
+        result["source"] = "synthetic" if args.traces is None else str(args.traces)
         print(f"load + analysis: {result['load']['load_and_analyse_s']:.2f} s", flush=True)
         result["apptest"] = _apptest(directory, args.repeats)
         if not args.no_browser:

@@ -8,7 +8,10 @@ The run is built half from real traces replayed and half from synthetic ones:
   shifted in time past the previous one (their request spans only: the sweep's engine
   step spans follow wall time, not requests, and are kept once);
 * synthetic: `tracedpush.testing.synthetic` in chunks of 10,000 requests (engine steps
-  and thread samples included), one chunk after the other in time.
+  and thread samples included), one chunk after the other in time; beyond
+  ``--synthetic-chunks`` chunks (generating one takes minutes), the chunks written are
+  replayed as the real traces are: new trace and request ids, times shifted past the
+  previous copy (span times, events and the engine steps' start times).
 
 Each measured command runs as its own process (`tracedpush report ... --format table`),
 so its wall time and peak RSS (`wait4`) are its own: ``cold`` (no index: reads every
@@ -44,6 +47,7 @@ TARGET_REQUESTS = 200_000  # what the targets are for (issue 12)
 PROCESS_SPANS = ("engine.steps", "engine.threads")
 REQUEST_ID = "tracedpush.request_id"
 CHUNK = 10_000
+STEP_START_NS = "tracedpush.step.start_ns"  # engine.steps: Unix ns of each step (int[])
 
 
 def _docs(path: Path) -> list[dict[str, Any]]:
@@ -144,12 +148,18 @@ class Replayer:
         return n
 
 
-def _synthetic(directory: Path, requests: int, seed: int, start_s: float) -> float:
-    """Append `requests` synthetic requests in chunks; returns the next free start time."""
+def _synthetic(
+    directory: Path, requests: int, seed: int, start_s: float, chunks: int | None = None
+) -> float:
+    """Append `requests` synthetic requests in chunks (at most `chunks` generated, the
+    rest replayed from them: `_replay_synthetic`); returns the next free start time."""
     from tracedpush.testing import synthetic
 
     done = 0
     while done < requests:
+        if chunks is not None and done >= chunks * CHUNK:
+            _replay_synthetic(directory / "synthetic", requests - done, done)
+            break
         n = min(CHUNK, requests - done)
         gen = synthetic.generate(n, seed=seed + done, start_unix_s=start_s)
         for name, docs in gen.files.items():
@@ -176,6 +186,68 @@ for line in open("/proc/self/status"):
 print("workers", *index_build.WORKER_PEAK_KB, file=sys.stderr)
 sys.exit(rc)
 """
+
+
+def _shift_doc(doc: dict[str, Any], copy: int, shift_ns: int) -> None:
+    """One synthetic document as copy `copy`, in place: new trace and request ids, every
+    time + shift_ns (spans, events, engine steps' start times)."""
+    prefix = f"5{copy:07x}"  # apart from the real replay's copy numbers
+    for rs in doc["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for s in ss["spans"]:
+                s["traceId"] = prefix + s["traceId"][8:]
+                s["startTimeUnixNano"] = str(int(s["startTimeUnixNano"]) + shift_ns)
+                s["endTimeUnixNano"] = str(int(s["endTimeUnixNano"]) + shift_ns)
+                for e in s.get("events") or ():
+                    e["timeUnixNano"] = str(int(e["timeUnixNano"]) + shift_ns)
+                for kv in s.get("attributes") or ():
+                    if kv["key"] == REQUEST_ID:
+                        v = kv["value"].get("stringValue", "")
+                        kv["value"] = {"stringValue": f"{v}-s{copy}"}
+                    elif kv["key"] == STEP_START_NS:
+                        for x in kv["value"]["arrayValue"]["values"]:
+                            if "intValue" in x:
+                                x["intValue"] = str(int(x["intValue"]) + shift_ns)
+
+
+def _replay_synthetic(directory: Path, requests: int, written: int) -> None:
+    """Append copies of the `written` synthetic requests in `directory` (each file's
+    lines as they are now) until `requests` more."""
+    files = sorted(directory.rglob("*.jsonl"))
+    sizes = {f: f.stat().st_size for f in files}
+    lo, hi = None, 0
+    for f in files:
+        with f.open("rb") as fh:
+            for line in fh:
+                for t0, t1 in _times(line):
+                    lo = t0 if lo is None else min(lo, t0)
+                    hi = max(hi, t1)
+    period = hi - (lo or 0) + 600 * 10**9
+    copy = 0
+    while requests > 0:
+        copy += 1
+        for f in files:
+            with f.open("rb") as src, f.open("a") as out:
+                left = sizes[f]
+                for line in src:
+                    left -= len(line)
+                    if left < 0:
+                        break
+                    doc = json.loads(line)
+                    _shift_doc(doc, copy, copy * period)
+                    out.write(json.dumps(doc, separators=(",", ":")) + "\n")
+        requests -= written
+        print(f"replayed synthetic copy {copy} ({written} requests)", flush=True)
+
+
+def _times(line: bytes) -> list[tuple[int, int]]:
+    doc = json.loads(line)
+    return [
+        (int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]))
+        for rs in doc["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for s in ss["spans"]
+    ]
 
 
 def _report(directory: Path, *extra: str) -> dict[str, Any]:
@@ -248,11 +320,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--reuse", action="store_true", help="with --keep: measure the run already there"
     )
+    ap.add_argument(
+        "--synthetic-chunks",
+        type=int,
+        default=None,
+        help=f"generate at most this many synthetic chunks of {CHUNK} requests, replay the "
+        "rest from them (default: generate them all)",
+    )
+    ap.add_argument(
+        "--extend",
+        action="store_true",
+        help="with --keep: complete the run already there to --requests (replaying "
+        "the synthetic chunks written) and measure it",
+    )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
 
     tmp = None
-    reuse = bool(args.keep and args.reuse and (args.keep / "real").is_dir())
+    reuse = bool(args.keep and (args.reuse or args.extend) and (args.keep / "real").is_dir())
     if args.keep:
         d = args.keep
         for old in (d / ".tracedpush-index", d / "grown"):
@@ -269,10 +354,15 @@ def main(argv: list[str] | None = None) -> int:
             real = Replayer(args.real, d, steps=False)
             real.copies = 1_000_000  # appended copies get ids and times past any written
             n_real = int(args.requests * args.real_share)
+            if args.extend:  # the synthetic requests written, replayed up to --requests
+                proxy = (d / "synthetic").rglob("tracedpush-proxy-*.jsonl")
+                have = sum(f.read_bytes().count(b'"name":"tracedpush.request"') for f in proxy)
+                if args.requests - n_real > have:
+                    _replay_synthetic(d / "synthetic", args.requests - n_real - have, have)
         else:
             real = Replayer(args.real, d)
             n_real = real.write(int(args.requests * args.real_share))
-            _synthetic(d, args.requests - n_real, args.seed, 1_700_000_000.0)
+            _synthetic(d, args.requests - n_real, args.seed, 1_700_000_000.0, args.synthetic_chunks)
         build_s = time.perf_counter() - t0
         spans, size = _spans_bytes(d)
         print(

@@ -26,6 +26,7 @@ import streamlit as st
 from tracedpush import analysis
 from tracedpush import semconv as sc
 from tracedpush.analysis import index as index_mod
+from tracedpush.console import selection
 from tracedpush.console.selection import mode_order
 
 try:  # TPOT attribution (engine steps); the console draws without it
@@ -109,7 +110,9 @@ class Snapshot:
     @cached_property
     def table(self) -> pd.DataFrame:
         """RunAnalysis.table() as a frame (one row per request), in arrival order."""
-        frame = pd.DataFrame(self.run.table())
+        cols = self._columns()
+        # by column from the analysis index: no request is read
+        frame = pd.DataFrame(cols.table() if cols is not None else self.run.table())
         if not frame.empty and "start_unix_ms" in frame:
             frame = frame.sort_values("start_unix_ms", kind="stable", ignore_index=True)
         return frame
@@ -157,7 +160,11 @@ class Snapshot:
     def window(self, since_unix_ms: float) -> Any:
         """The requests that arrived at or after ``since_unix_ms`` as a RunAnalysis (same
         clock offsets and buckets), so ``analysis.compare`` can summarise just them."""
-        return self._subset([r for r in self.run.requests if r.start_unix_ms >= since_unix_ms])
+        cols = self._columns()
+        if cols is None:
+            return self._subset([r for r in self.run.requests if r.start_unix_ms >= since_unix_ms])
+        recent = (cols.start >= since_unix_ms).nonzero()[0].tolist()
+        return self._subset(self.run._at(recent))
 
     def _subset(self, requests: list[Any]) -> Any:
         """`requests` as a RunAnalysis of this run's offsets, stats and buckets."""
@@ -196,11 +203,11 @@ class Snapshot:
             return {}
         cmp = self.comparison
         groups = [g for g in [cmp.overall, *cmp.by_load()] if g is not None]
-        timed = [r for r in self.run.requests if r.ttft_ms is not None]
         out: dict[str, Any] = {}
         for g in groups:
             acc = getattr(g, "tpot_account", None)
             if acc is None:
+                timed = [r for r in self.run.requests if r.ttft_ms is not None]
                 rs = [r for r in timed if g.load == ALL_LOADS or r.load_bucket == g.load]
                 by_mode = {m: [r for r in rs if r.mode == m] for m in (cmp.a, cmp.b)}
                 acc = _tpot.tpot_account(by_mode, cmp.a, cmp.b)
@@ -251,13 +258,64 @@ class Snapshot:
         ]  # fmt: skip
         return pd.DataFrame(rows, columns=FAILURE_COLUMNS)
 
+    def _columns(self) -> Any | None:
+        """The run's `RunColumns` when the analysis index gave them (else None: the
+        requests are in memory, and a loop over them is as quick)."""
+        get = getattr(self.run, "columns", None)
+        return get() if get is not None else None
+
+    def typical(self, mode: str | None) -> Any | None:
+        """`selection.typical` of the run's requests, chosen over its columns (reads
+        only the request chosen from the analysis index)."""
+        cols = self._columns()
+        if cols is None:
+            return selection.typical(self.run.requests, mode)
+        ttft = cols.ttft.tolist()
+        pool = [i for i, t in enumerate(ttft) if t == t and (mode is None or cols.mode[i] == mode)]
+        complete = [i for i in pool if cols.complete[i]] or pool
+        if not complete:
+            return None
+        return self.run._at([sorted(complete, key=lambda i: ttft[i])[len(complete) // 2]])[0]
+
+    def counterpart(self, req: Any, mode: str | None) -> Any | None:
+        """`selection.counterpart` of `req` among the run's requests, over its columns."""
+        cols = self._columns()
+        if cols is None:
+            return selection.counterpart(req, self.run.requests, mode)
+        ttft = cols.ttft.tolist()
+        pool = [
+            i
+            for i, m in enumerate(cols.mode)
+            if m != req.mode and (mode is None or m == mode) and ttft[i] == ttft[i]
+        ]
+        if not pool:
+            return None
+        start = cols.start.tolist()
+
+        def key(i: int) -> tuple[bool, float, float]:
+            other = _Like(cols.prompt[i], cols.load[i])
+            return (not cols.complete[i], selection.distance(req, other), start[i])
+
+        return self.run._at([min(pool, key=key)])[0]
+
     @property
     def newest_unix_ms(self) -> float | None:
         return self.run.requests[-1].start_unix_ms if self.run.requests else None
 
     @property
     def modes(self) -> list[str]:
+        cols = self._columns()
+        if cols is not None:
+            return mode_order(m for m in cols.mode if m)
         return mode_order(r.mode for r in self.run.requests if r.mode)
+
+
+@dataclass(frozen=True)
+class _Like:
+    """What `selection.distance` reads of a candidate request."""
+
+    prompt_tokens: int | None
+    load: int
 
 
 def step_kind(prefill_tokens: int | None, decode_reqs: int | None, num_reqs: int | None) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 
-def _distance(a: Any, b: Any) -> float:
+def distance(a: Any, b: Any) -> float:
     """Prompt length ratio first, load second (both on a log scale)."""
     pa, pb = (a.prompt_tokens or 0) + 1, (b.prompt_tokens or 0) + 1
     la, lb = max(a.load, 1), max(b.load, 1)
@@ -28,7 +28,7 @@ def counterpart(req: Any, candidates: Iterable[Any], mode: str | None = None) ->
     ]
     if not pool:
         return None
-    return min(pool, key=lambda c: (not c.complete, _distance(req, c), c.start_unix_ms))
+    return min(pool, key=lambda c: (not c.complete, distance(req, c), c.start_unix_ms))
 
 
 def typical(requests: Iterable[Any], mode: str | None = None) -> Any | None:

@@ -96,7 +96,7 @@ def _segments_table(segments: list, title: str) -> None:
 
 req = ui.selected_request(snap)
 if req is None:
-    req = selection.typical(run.requests, snap.modes[0] if snap.modes else None) or run.requests[0]
+    req = snap.typical(snap.modes[0] if snap.modes else None) or run.requests[0]
     st.caption(
         f"Showing a typical (median TTFT) {req.mode} request; pick another above or click "
         "one in Overview or Phases."
@@ -105,7 +105,7 @@ if req is None:
 others = [m for m in snap.modes if m != req.mode]
 other = None
 if others:
-    other = selection.counterpart(req, run.requests, others[0])
+    other = snap.counterpart(req, others[0])
     override = st.text_input(
         f"Compare with ({others[0]} request id; default: nearest prompt length and load)",
         key="compare_with",

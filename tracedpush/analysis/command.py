@@ -18,6 +18,7 @@ from tracedpush.analysis.load import TraceStore
 from tracedpush.analysis.perfetto import to_perfetto
 from tracedpush.analysis.report import render
 from tracedpush.analysis.report_json import run_json
+from tracedpush.analysis.results import LazyRequests
 
 
 def _edges(text: str) -> tuple[int, ...]:
@@ -235,7 +236,15 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.trace_id and args.traces:
         keep = set(args.trace_id)
-        result.requests = [r for r in result.requests if r.trace_id in keep or r.request_id in keep]
+        cols = result.columns()
+        if isinstance(result.requests, LazyRequests) and cols is not None:  # by column
+            ids = zip(cols.trace_id, cols.request_id, strict=True)
+            chosen = [i for i, (t, q) in enumerate(ids) if t in keep or q in keep]
+            result.requests = result.requests.some(chosen)
+        else:
+            result.requests = [
+                r for r in result.requests if r.trace_id in keep or r.request_id in keep
+            ]
         result._reindex()
     if isinstance(store, AnalysisIndex):
         if with_spans:

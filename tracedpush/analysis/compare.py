@@ -22,11 +22,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tracedpush.analysis import phases as ph
+from tracedpush.analysis.columns import TPOT_KEYS, RunColumns, columns_of
 from tracedpush.analysis.model import round_ms
 from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
 from tracedpush.analysis.timeline import bucket_labels, load_labels
-from tracedpush.analysis.tpot import TpotAccount, tpot_account
+from tracedpush.analysis.tpot import TpotAccount, TpotRow
 from tracedpush.analysis.words import delta_sentence
 
 ALL = "all"
@@ -47,11 +50,7 @@ def percentile(sorted_values: Sequence[float], q: float) -> float | None:
 
 
 def summary(values: Iterable[float], qs: Sequence[int] = (50, 90, 99)) -> dict[str, float | None]:
-    vs = sorted(values)
-    out: dict[str, float | None] = {f"p{q}": percentile(vs, q) for q in qs}
-    out["mean"] = sum(vs) / len(vs) if vs else None
-    out["n"] = len(vs)
-    return out
+    return _summary(sorted(values), qs)
 
 
 @dataclass(slots=True)
@@ -199,29 +198,55 @@ def group(
     bucket: str, load: str, by_mode: dict[str, list[RequestAnalysis]], a: str, b: str
 ) -> ComparisonGroup:
     """Compare the requests of each mode as one group (a sweep cell, a bucket, ...)."""
-    n = {m: len(rs) for m, rs in by_mode.items()}
-    ttft = {m: summary(r.ttft_ms for r in rs if r.ttft_ms is not None) for m, rs in by_mode.items()}
-    tpot = {m: summary(r.tpot_ms for r in rs if r.tpot_ms is not None) for m, rs in by_mode.items()}
+    rows: list[RequestAnalysis] = []
+    idx: dict[str, np.ndarray] = {}
+    for m, rs in by_mode.items():
+        idx[m] = np.arange(len(rows), len(rows) + len(rs))
+        rows += rs
+    return _group(RunColumns.from_requests(rows), idx, bucket, load, a, b)
+
+
+def _sorted(values: np.ndarray) -> list[float]:
+    return np.sort(values).tolist()
+
+
+def _summary(vs: list[float], qs: Sequence[int]) -> dict[str, float | None]:
+    """`summary` of values already sorted (Python floats: the same arithmetic)."""
+    out: dict[str, float | None] = {f"p{q}": percentile(vs, q) for q in qs}
+    out["mean"] = sum(vs) / len(vs) if vs else None
+    out["n"] = len(vs)
+    return out
+
+
+def _group(
+    cols: RunColumns, by_mode: dict[str, np.ndarray], bucket: str, load: str, a: str, b: str
+) -> ComparisonGroup:
+    """`group` over rows of `cols` (row numbers per mode, in request order): the sorts in
+    numpy, sums and percentiles in Python over the same floats in the same order, so
+    the figures equal a plain loop over the requests."""
+    n = {m: len(ix) for m, ix in by_mode.items()}
+    ttft: dict[str, dict[str, float | None]] = {}
+    tpot: dict[str, dict[str, float | None]] = {}
     phases: dict[str, dict[str, dict[str, float | None]]] = {}
     means: dict[str, dict[str, float]] = {}
-    for m, rs in by_mode.items():
-        per: dict[str, list[float]] = {}
-        for i, r in enumerate(rs):
-            for p, v in r.phase_ms().items():
-                lst = per.get(p)
-                if lst is None:
-                    lst = per[p] = [0.0] * i  # earlier requests had 0 ms of it
-                lst.append(v)
-            for lst in per.values():
-                if len(lst) < i + 1:
-                    lst.append(0.0)
-        order = {p: k for k, p in enumerate(ph.PHASES)}
+    order = {p: k for k, p in enumerate(ph.PHASES)}
+    for m, ix in by_mode.items():
+        t = cols.ttft[ix]
+        ttft[m] = _summary(_sorted(t[~np.isnan(t)]), (50, 90, 99))
+        t = cols.tpot[ix]
+        tpot[m] = _summary(_sorted(t[~np.isnan(t)]), (50, 90, 99))
+        per: dict[str, np.ndarray] = {}
+        if len(ix):
+            # a phase some request of the mode had counts 0 ms for those without it
+            for j in np.flatnonzero(cols.has_phase[ix].any(axis=0)).tolist():
+                per[cols.phases[j]] = cols.phase[ix, j]
         phases[m] = {
-            p: summary(per[p], (50, 90)) for p in sorted(per, key=lambda p: (order.get(p, 99), p))
+            p: _summary(_sorted(per[p]), (50, 90))
+            for p in sorted(per, key=lambda p: (order.get(p, 99), p))
         }
-        means[m] = {p: (sum(v) / len(v) if v else 0.0) for p, v in per.items()}
+        means[m] = {p: sum(v.tolist()) / len(v) for p, v in per.items()}
     g = ComparisonGroup(bucket, load, n, ttft, tpot, phases)
-    if by_mode.get(a) and by_mode.get(b):
+    if n.get(a) and n.get(b):
         names = set(means[a]) | set(means[b])
         g.delta = sorted(
             (
@@ -241,8 +266,49 @@ def group(
         if ta["p50"] is not None and tb["p50"] is not None:
             g.ttft_p50_delta_ms = tb["p50"] - ta["p50"]
         g.account = _account(phases, means, ttft, a, b)
-        g.tpot_account = tpot_account(by_mode, a, b)
+        g.tpot_account = _tpot_account(cols, by_mode, a, b)
     return g
+
+
+def _median(vs: list[float]) -> float | None:
+    """`tpot._median` of values already sorted."""
+    n = len(vs)
+    if not n:
+        return None
+    return vs[n // 2] if n % 2 else (vs[n // 2 - 1] + vs[n // 2]) / 2.0
+
+
+def _tpot_account(
+    cols: RunColumns, by_mode: dict[str, np.ndarray], a: str, b: str
+) -> TpotAccount | None:
+    """`tpot.tpot_account` over rows of `cols` (same sums in the same order)."""
+    empty = np.zeros(0, dtype=int)
+    sel = {m: by_mode.get(m, empty) for m in (a, b)}
+    sel = {m: ix[cols.has_bd[ix]] for m, ix in sel.items()}
+    if not len(sel[a]) or not len(sel[b]):
+        return None
+    means: dict[str, list[float]] = {}
+    p50s: dict[str, list[float | None]] = {}
+    tpot_mean: dict[str, float] = {}
+    tpot_p50: dict[str, float | None] = {}
+    for m, ix in sel.items():
+        bd = cols.bd[ix]
+        means[m] = [sum(bd[:, j].tolist()) / len(ix) for j in range(len(TPOT_KEYS))]
+        p50s[m] = [_median(_sorted(bd[:, j])) for j in range(len(TPOT_KEYS))]
+        t = cols.tpot[ix]
+        tpot_mean[m] = sum(t.tolist()) / len(ix)
+        tpot_p50[m] = _median(_sorted(t))
+    rows = []
+    for j, k in enumerate(TPOT_KEYS):
+        pa, pb = p50s[a][j], p50s[b][j]
+        delta = None if pa is None or pb is None else pa - pb
+        rows.append(TpotRow(k, means[a][j], means[b][j], means[a][j] - means[b][j], pa, pb, delta))
+    ta, tb = tpot_p50[a], tpot_p50[b]
+    p50 = None if ta is None or tb is None else ta - tb
+    rest = None if p50 is None else p50 - sum(r.p50_delta_ms or 0.0 for r in rows)
+    n = {a: len(sel[a]), b: len(sel[b])}
+    mean_a, mean_b = tpot_mean[a], tpot_mean[b]
+    return TpotAccount(rows, n, mean_a, mean_b, mean_a - mean_b, p50, rest)
 
 
 def _account(
@@ -311,26 +377,37 @@ def compare(run: RunAnalysis, a: str = "push", b: str = "pull") -> Comparison:
     only the common sample counts (`sampling`), so every statistic stays unbiased.
     """
     sampling = run.sampling()
-    rs = [r for r in run.requests if r.ttft_ms is not None and sampling.keeps(r)]
-    modes = sorted({r.mode for r in rs} | {a, b}, key=lambda m: (m not in (a, b), m != a, m))
+    cols = columns_of(run)
+    rows = np.flatnonzero(~np.isnan(cols.ttft) & cols.kept(sampling))
+    mode_of = [cols.mode[i] for i in rows.tolist()]
+    modes = sorted(set(mode_of) | {a, b}, key=lambda m: (m not in (a, b), m != a, m))
     bucket_order = bucket_labels(run.buckets) if run.buckets else []
     load_order = load_labels(run.load_buckets) if run.load_buckets else []
-    b_present = sorted({r.bucket for r in rs}, key=lambda x: _order(bucket_order, x))
-    l_present = sorted({r.load_bucket for r in rs}, key=lambda x: _order(load_order, x))
+    bk_of = [cols.bucket[i] for i in rows.tolist()]
+    ld_of = [cols.load_bucket[i] for i in rows.tolist()]
+    b_present = sorted(set(bk_of), key=lambda x: _order(bucket_order, x))
+    l_present = sorted(set(ld_of), key=lambda x: _order(load_order, x))
 
-    cells: dict[tuple[str, str], dict[str, list[RequestAnalysis]]] = {}
+    def codes(labels: list[str], names: list[str]) -> np.ndarray:
+        at = {x: i for i, x in enumerate(names)}
+        return np.array([at[x] for x in labels], dtype=int)
 
-    def add(key: tuple[str, str], r: RequestAnalysis) -> None:
-        cell = cells.get(key)
-        if cell is None:
-            cell = cells[key] = {m: [] for m in modes}
-        cell[r.mode].append(r)
-
-    for r in rs:
-        add((ALL, ALL), r)
-        add((r.bucket, ALL), r)
-        add((ALL, r.load_bucket), r)
-        add((r.bucket, r.load_bucket), r)
+    m_code = codes(mode_of, modes)
+    b_code = codes(bk_of, b_present)
+    l_code = codes(ld_of, l_present)
+    cells: dict[tuple[str, str], np.ndarray] = {(ALL, ALL): np.ones(len(rows), dtype=bool)}
+    for i, bk in enumerate(b_present):
+        cells[(bk, ALL)] = b_code == i
+    for j, ld in enumerate(l_present):
+        cells[(ALL, ld)] = l_code == j
+    pairs = np.unique(b_code * len(l_present) + l_code) if len(rows) else []
+    for x in pairs:
+        i, j = divmod(int(x), len(l_present))
+        cells[(b_present[i], l_present[j])] = (
+            cells[(b_present[i], ALL)] & cells[(ALL, l_present[j])]
+        )
+    if not len(rows):
+        cells = {}
     keys = sorted(
         cells,
         key=lambda k: (
@@ -339,7 +416,11 @@ def compare(run: RunAnalysis, a: str = "push", b: str = "pull") -> Comparison:
             _order(load_order, k[1]),
         ),
     )
-    groups = [group(bk, ld, cells[(bk, ld)], a, b) for bk, ld in keys]
+    groups = []
+    for bk, ld in keys:
+        inside = cells[(bk, ld)]
+        by_mode = {m: rows[inside & (m_code == c)] for c, m in enumerate(modes)}
+        groups.append(_group(cols, by_mode, bk, ld, a, b))
     return Comparison(a, b, groups, b_present, l_present)
 
 

@@ -23,13 +23,22 @@ import json
 import multiprocessing
 import pickle
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from tracedpush.analysis.analyze import PROCESS_SPANS, request_analysis
-from tracedpush.analysis.index_store import SHARDS, Kept, TraceFacts, open_span_db, pack, shard_of
+from tracedpush.analysis.columns import row_of
+from tracedpush.analysis.index_store import (
+    SHARDS,
+    Kept,
+    TraceFacts,
+    dump_result,
+    open_span_db,
+    pack,
+    shard_of,
+)
 from tracedpush.analysis.model import LoadStats, Resource, Span
 from tracedpush.analysis.otlp import Decoder, Malformed, attributes, norm_id
 from tracedpush.analysis.timeline import LoadCounter, TraceIndex
@@ -246,19 +255,25 @@ def _run_worker(
             )
         )  # fmt: skip
         off = pickle.loads(conn.recv_bytes())
-        results = {}
+        rows = {}  # the parent gets each result's row; the results go to the span database
         no_load = LoadCounter(())
-        for tid, spans in w.spans.items():
-            f = facts[tid]
-            if not f.res:
-                continue
-            req = [s for s in spans.values() if s.name not in PROCESS_SPANS]
-            ix = TraceIndex(tid, req)
-            off_ns = {id(s.resource): off[res_ix[id(s.resource)]] for s in req}
-            results[tid] = request_analysis(
-                ix, off_ns, no_load, idx.buckets, idx.load_buckets, False
-            )
-        conn.send_bytes(pickle.dumps((results, _peak_kb()), protocol=pickle.HIGHEST_PROTOCOL))
+
+        def results() -> Iterator[tuple[str, bytes]]:
+            for tid, spans in w.spans.items():
+                if not facts[tid].res:
+                    continue
+                req = [s for s in spans.values() if s.name not in PROCESS_SPANS]
+                ix = TraceIndex(tid, req)
+                off_ns = {id(s.resource): off[res_ix[id(s.resource)]] for s in req}
+                r = request_analysis(ix, off_ns, no_load, idx.buckets, idx.load_buckets, False)
+                rows[tid] = row_of(r)
+                yield tid, dump_result(r)
+
+        db = open_span_db(idx.dir, shard)
+        with db:
+            db.executemany("INSERT OR REPLACE INTO results (tid, v) VALUES (?, ?)", results())
+        db.close()
+        conn.send_bytes(pickle.dumps((rows, _peak_kb()), protocol=pickle.HIGHEST_PROTOCOL))
     except BaseException:
         conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
         raise
@@ -340,11 +355,11 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
             c.send_bytes(blob)
         WORKER_PEAK_KB.clear()
         for c in pipes:
-            results, peak = _recv(c)
+            rows, peak = _recv(c)
             WORKER_PEAK_KB.append(peak)
-            for tid, r in results.items():
+            for tid, row in rows.items():
                 k = kept[tid]
-                k.result = r
+                k.row = row
                 k.offsets = tuple(off[i] for i in k.facts.res)
     finally:
         for p in procs:

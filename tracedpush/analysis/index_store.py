@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import marshal
+import pickle
 import sqlite3
 import zlib
 from collections.abc import Iterable
@@ -37,7 +38,24 @@ class TraceFacts:
 class Kept:
     facts: TraceFacts
     offsets: tuple[int, ...] | None = None  # ns offsets of `facts.res` the result used
+    # the result's numbers for the run-wide statistics (`columns.Row`; None: no result)
+    row: tuple | None = None
+    tpot: dict[str, float] | None = None  # its TPOT breakdown (run-wide: engine steps)
+    # the result itself: in memory when made or read here, else in its span database's
+    # `results` table (read on demand: a warm report reads only the requests it prints)
     result: RequestAnalysis | None = None
+
+    def dump(self) -> tuple:
+        """Plain tuples for `marshal` (what a segment of the `kept` table holds)."""
+        f = self.facts  # not its span durations: the console reads them (`durations`)
+        facts = (f.seq, f.res, f.res_counts, f.root_res, f.root_iv, f.pairs, f.engine,
+                 f.process, f.spans)  # fmt: skip
+        return (facts, self.offsets, self.row, self.tpot)
+
+    @classmethod
+    def load(cls, t: tuple) -> Kept:
+        facts, offsets, row, tpot = t
+        return cls(TraceFacts(*facts), offsets, row, tpot)
 
 
 def shard_of(trace_id: str) -> int:
@@ -49,7 +67,16 @@ def open_span_db(directory: Path, shard: int, *, threads: bool = False) -> sqlit
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
     db.execute("CREATE TABLE IF NOT EXISTS spans (tid TEXT PRIMARY KEY, v BLOB)")
+    db.execute("CREATE TABLE IF NOT EXISTS results (tid TEXT PRIMARY KEY, v BLOB)")
     return db
+
+
+def dump_result(r: RequestAnalysis) -> bytes:
+    return pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def load_result(blob: bytes) -> RequestAnalysis:
+    return pickle.loads(blob)
 
 
 def pack(spans: Iterable[Span], res_ix: dict[int, int]) -> bytes:

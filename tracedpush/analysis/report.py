@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tracedpush.analysis import phases as ph
+from tracedpush.analysis.columns import columns_of
 from tracedpush.analysis.compare import (
     ALL,
     Comparison,
@@ -99,8 +100,9 @@ def render(run: RunAnalysis, *, slowest: int = 10, cmp: Comparison | None = None
 
 def _summary(run: RunAnalysis) -> str:
     st = run.stats
-    modes = Counter(r.mode for r in run.requests)
-    complete = sum(r.complete for r in run.requests)
+    cols = columns_of(run)
+    modes = Counter(cols.mode)
+    complete = int(cols.complete.sum())
     lines = [
         f"source: {run.source}",
         f"requests: {len(run.requests)} ("
@@ -345,8 +347,8 @@ def _slowest(run: RunAnalysis, n: int) -> str:
 
 def _problems(run: RunAnalysis) -> str:
     counts: Counter[str] = Counter()
-    for r in run.requests:
-        for p in r.problems:
+    for problems in columns_of(run).problems:
+        for p in problems:
             counts[p.split(" (largest")[0] if p.startswith("clamped") else p] += 1
     if not counts:
         return ""
@@ -408,7 +410,7 @@ def _engine_steps(run: RunAnalysis) -> str:
             d["loads_started"],
             d["loads_finished"],
         ]
-        for eid, d in run.engine_steps.summary().items()
+        for eid, d in run.steps_summary().items()
     ]
     h = [
         "engine",

@@ -66,6 +66,6 @@ def run_json(run: RunAnalysis, *, spans: bool = False) -> dict[str, Any]:
         "requests": [request_json(r, spans=spans) for r in run.requests],
         "failures": run.failures().to_json(),
         "comparison": compare(run).to_json(),
-        "engine_steps": run.engine_steps.summary() if run.engine_steps else {},
+        "engine_steps": run.steps_summary(),
         "contention": run.contention().to_json(),
     }

@@ -5,11 +5,12 @@ Data only: the JSON format is rendered by `report_json`, the text report by `rep
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
-from tracedpush.analysis.failures import Failure, FailureSummary, summarize
+from tracedpush.analysis.failures import Failure, FailureSummary, _missing_spans, summarize
 from tracedpush.analysis.model import ClockOffset, LoadStats, Segment, SpanView
 from tracedpush.analysis.sampling import Sampling
 from tracedpush.analysis.sampling import summarize as summarize_sampling
@@ -95,6 +96,70 @@ class RequestAnalysis:
         return row
 
 
+class LazyRequests(Sequence["RequestAnalysis"]):
+    """A run's requests made on first use (the analysis index keeps them on disk: a warm
+    report reads the few it prints, and `RunColumns` for the rest). ``load(positions)``
+    returns the requests at those positions; each is made once."""
+
+    def __init__(self, n: int, load: Callable[[list[int]], list[RequestAnalysis]]) -> None:
+        self._items: list[RequestAnalysis | None] = [None] * n
+        self._load = load
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, i: int) -> RequestAnalysis: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[RequestAnalysis]: ...
+    def __getitem__(self, i: int | slice) -> RequestAnalysis | list[RequestAnalysis]:
+        if isinstance(i, slice):
+            return self.some(range(len(self._items))[i])
+        got = self._items[i]
+        return got if got is not None else self.some([range(len(self._items))[i]])[0]
+
+    def some(self, positions: Sequence[int]) -> list[RequestAnalysis]:
+        """The requests at `positions` (loaded together)."""
+        todo = [i for i in positions if self._items[i] is None]
+        if todo:
+            for i, r in zip(todo, self._load(todo), strict=True):
+                self._items[i] = r
+        return [self._items[i] for i in positions]  # type: ignore[misc]
+
+    def __iter__(self) -> Iterator[RequestAnalysis]:
+        step = 20_000  # loaded in batches: one read of the index each
+        for lo in range(0, len(self._items), step):
+            yield from self.some(range(lo, min(lo + step, len(self._items))))
+
+    @property
+    def loaded(self) -> int:
+        return sum(r is not None for r in self._items)
+
+
+class LazySteps:
+    """A run's `EngineSteps` read on first use (from the analysis index: a warm report
+    prints their summary and contention, kept beside them, without reading them)."""
+
+    def __init__(self, load: Callable[[], EngineSteps], truthy: bool, derived: dict) -> None:
+        self._load = load
+        self._obj: EngineSteps | None = None
+        self._truthy = truthy
+        self.derived = derived  # {"summary": ..., "contention": ...} of the steps
+
+    def get(self) -> EngineSteps:
+        if self._obj is None:
+            self._obj = self._load()
+        return self._obj
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.get(), name)
+
+    def __bool__(self) -> bool:
+        return self._truthy
+
+
 @dataclass(slots=True)
 class RunAnalysis:
     """Every request of a run plus what was estimated across them (clock offsets)."""
@@ -109,17 +174,38 @@ class RunAnalysis:
     skew_policy: str = "midpoint"
     # per-process step traces (engine.steps / engine.threads), placed on the proxy clock
     engine_steps: EngineSteps | None = field(default=None, repr=False)
-    _index: dict[str, RequestAnalysis] = field(default_factory=dict, repr=False)
+    _index: dict[str, int] = field(default_factory=dict, repr=False)
+    # `columns.RunColumns` of `requests` (given by the analysis index, or `columns_of`)
+    _columns: Any = field(default=None, repr=False, compare=False)
+    _columns_of: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self._columns is not None:
+            self._columns_of = self.requests
         self._reindex()
 
     def _reindex(self) -> None:
-        self._index = {}
-        for r in self.requests:
-            self._index.setdefault(r.request_id, r)
-        for r in self.requests:
-            self._index[r.trace_id] = r
+        """Position of each request by request id (the first) and trace id."""
+        cols = self._lazy()
+        if cols is not None:
+            tids, rids = cols.trace_id, cols.request_id
+        else:
+            tids = [r.trace_id for r in self.requests]
+            rids = [r.request_id for r in self.requests]
+        index: dict[str, int] = {}
+        for i, rid in enumerate(rids):
+            index.setdefault(rid, i)
+        index.update(zip(tids, range(len(tids)), strict=True))
+        self._index = index
+
+    def columns(self) -> Any | None:
+        """The requests' numbers as columns (`columns.RunColumns`) when known: given by
+        the analysis index, or made by `columns.columns_of` (which makes them)."""
+        return self._columns if self._columns_of is self.requests else None
+
+    def _lazy(self) -> Any | None:
+        """The columns, when the requests are read on demand (the analysis index)."""
+        return self.columns() if isinstance(self.requests, LazyRequests) else None
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -129,7 +215,10 @@ class RunAnalysis:
 
     def get(self, key: str) -> RequestAnalysis | None:
         """A request by trace id or by base request id."""
-        return self._index.get(key) or self._index.get(key.lower())
+        i = self._index.get(key)
+        if i is None:
+            i = self._index.get(key.lower())
+        return None if i is None else self.requests[i]
 
     def by_mode(self, mode: str) -> list[RequestAnalysis]:
         return [r for r in self.requests if r.mode == mode]
@@ -138,10 +227,24 @@ class RunAnalysis:
         return sorted({r.mode for r in self.requests})
 
     def slowest(self, n: int = 10, mode: str | None = None) -> list[RequestAnalysis]:
-        rs = [
-            r for r in self.requests if r.ttft_ms is not None and (mode is None or r.mode == mode)
-        ]
-        return sorted(rs, key=lambda r: r.ttft_ms or 0.0, reverse=True)[:n]
+        cols = self._lazy()
+        if cols is None:
+            rs = [r for r in self.requests if r.ttft_ms is not None and mode in (None, r.mode)]
+            return sorted(rs, key=lambda r: r.ttft_ms or 0.0, reverse=True)[:n]
+        import numpy as np
+
+        timed = ~np.isnan(cols.ttft)
+        if mode is not None:
+            timed &= np.array([m == mode for m in cols.mode], dtype=bool)
+        rows = np.flatnonzero(timed)
+        # longest first, ties in run order (a stable sort, as `sorted(reverse=True)`)
+        top = rows[np.argsort(-cols.ttft[rows], kind="stable")[:n]].tolist()
+        return self._at(top)
+
+    def _at(self, positions: list[int]) -> list[RequestAnalysis]:
+        if isinstance(self.requests, LazyRequests):
+            return self.requests.some(positions)
+        return [self.requests[i] for i in positions]
 
     def engine_phase_totals(
         self, *, counts: bool = False
@@ -166,18 +269,57 @@ class RunAnalysis:
         and ``critical_ms.<phase>`` per phase on the critical path (absent: 0 ms)."""
         return [r.row() for r in self.requests]
 
+    def table_columns(self) -> dict[str, list[Any]] | None:
+        """`table()` by column when the columns are known (reads no request of the
+        analysis index); None otherwise."""
+        cols = self.columns()
+        return None if cols is None else cols.table()
+
     def sampling(self) -> Sampling:
         """The ratios the traces were sampled at, and which traces the comparison's
         statistics use so that they stay unbiased (`sampling`)."""
+        cols = self._lazy()
+        if cols is not None:
+            if cols.sampled is None:  # once: the report and compare both ask
+                cols.sampled = cols.sampling()
+            return cols.sampled
         return summarize_sampling(self.requests)
 
     def failures(self) -> FailureSummary:
         """Failed requests by leg and type, and the requests answered despite a failed
         span, incomplete, or without the proxy's span (`failures.summarize`)."""
-        return summarize(self.requests)
+        cols = self._lazy()
+        if cols is None:
+            return summarize(self.requests)
+        where = cols.failed.nonzero()[0].tolist()
+        fine = ~cols.failed
+        lost = fine & cols.proxy_seen & ~cols.complete
+        missing: Counter[str] = Counter()
+        for i in lost.nonzero()[0].tolist():
+            missing.update(_missing_spans(cols.problems[i]))
+        return FailureSummary(
+            requests=len(cols),
+            failed=self._at(where),
+            recovered=int(cols.recovered.sum()),
+            incomplete=int(lost.sum()),
+            missing_spans=dict(missing.most_common()),
+            no_proxy_span=int((fine & ~cols.proxy_seen).sum()),
+        )
 
     def contention(self, *, event_cost_us: float | None = None) -> Contention:
         """CPU per engine process and thread, cores, findings (`contention`)."""
         from tracedpush.analysis.contention import contention
 
-        return contention(self.engine_steps or [], event_cost_us=event_cost_us)
+        store = self.engine_steps
+        if isinstance(store, LazySteps):
+            if event_cost_us is None and "contention" in store.derived:
+                return store.derived["contention"]
+            store = store.get()
+        return contention(store or [], event_cost_us=event_cost_us)
+
+    def steps_summary(self) -> dict[str, dict[str, Any]]:
+        """`EngineSteps.summary` of the run's engine steps ({} without any)."""
+        store = self.engine_steps
+        if isinstance(store, LazySteps) and "summary" in store.derived:
+            return store.derived["summary"]
+        return store.summary() if store else {}

@@ -26,7 +26,7 @@ a breakdown.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,6 +130,27 @@ def attach_facts(
     solo: dict[str, float | None] = {}
     working: dict[str, bool] = {}
     decode_engines = [e for e, info in store.engines.items() if info.role == "decode"]
+    for r, eid, t0, t1 in windows(requests, facts, store.steps, decode_engines):
+        if eid not in solo:  # once per engine (a list of every step per request was
+            solo[eid] = store.solo_forward_us(eid)  # quadratic in the run)
+            working[eid] = any(s.has_worker for s in store.steps.get(eid, ()))
+        if not working[eid]:
+            continue
+        r.tpot_breakdown_ms = breakdown(
+            store, eid, t0, t1, r.tpot_ms, r.output_tokens - 1, solo_us=solo[eid]
+        )
+
+
+def windows(
+    requests: Iterable[Any],
+    facts: Mapping[str, tuple[int, str | None]],
+    engines: Container[str],
+    decode_engines: Sequence[str],
+) -> Iterator[tuple[Any, str, int, int]]:
+    """(request, decode engine, t0, t1): each request with a TPOT and its decode window
+    in ns on the reference clock, on its decode engine among `engines` (the only decode
+    engine when its trace names none of them). Shared by `attach_facts` and the analysis
+    index's array split, so both pick the same requests and windows."""
     for r in requests:
         if r.tpot_ms is None or not r.output_tokens or r.output_tokens < 2 or r.ttft_ms is None:
             continue
@@ -137,21 +158,13 @@ def attach_facts(
         if fact is None:
             continue
         origin, eid = fact
-        if eid not in store.steps:
-            if len(decode_engines) == 1 and decode_engines[0] in store.steps:
+        if eid not in engines:
+            if len(decode_engines) == 1 and decode_engines[0] in engines:
                 eid = decode_engines[0]
             else:
                 continue
-        if eid not in solo:  # once per engine (a list of every step per request was
-            solo[eid] = store.solo_forward_us(eid)  # quadratic in the run)
-            working[eid] = any(s.has_worker for s in store.steps.get(eid, ()))
-        if not working[eid]:
-            continue
         t0 = origin + round(r.ttft_ms * 1e6)
-        t1 = t0 + round(r.tpot_ms * (r.output_tokens - 1) * 1e6)
-        r.tpot_breakdown_ms = breakdown(
-            store, eid, t0, t1, r.tpot_ms, r.output_tokens - 1, solo_us=solo[eid]
-        )
+        yield r, eid, t0, t0 + round(r.tpot_ms * (r.output_tokens - 1) * 1e6)
 
 
 # ------------------------------------------------------------------ push vs pull

@@ -1,0 +1,168 @@
+"""The run-wide statistics over columns (`columns.RunColumns`) equal a plain loop over
+the requests; the analysis index's lazy requests, kept steps summary, TPOT breakdowns
+over step arrays and sampled runs give `analyze()`'s answers."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from test_analysis_index import same
+from test_analysis_sampling import with_sampler
+
+from tracedpush.analysis import TraceStore, analyze, compare
+from tracedpush.analysis import index as index_mod
+from tracedpush.analysis.compare import ALL, percentile
+from tracedpush.analysis.index import AnalysisIndex
+from tracedpush.analysis.results import LazyRequests, LazySteps
+from tracedpush.analysis.tpot import KEYS
+from tracedpush.testing import synthetic
+
+
+@pytest.fixture(scope="module")
+def gen() -> synthetic.SyntheticRun:
+    return synthetic.generate(150, seed=11, batch=6, clock_offsets_ms={"decode-0": 7.0})
+
+
+def _loop_summary(values: list[float], qs: tuple[int, ...]) -> dict:
+    vs = sorted(values)
+    out = {f"p{q}": percentile(vs, q) for q in qs}
+    out["mean"] = sum(vs) / len(vs) if vs else None
+    out["n"] = len(vs)
+    return out
+
+
+def test_compare_equals_a_loop_over_the_requests(
+    tmp_path: Path, gen: synthetic.SyntheticRun
+) -> None:
+    """Every group's statistics, recomputed here request by request (the code compare
+    had before it used columns), are equal to the last bit."""
+    gen.write(tmp_path)
+    run = analyze(TraceStore.from_paths([tmp_path]), spans=False)
+    cmp = compare(run)
+    assert cmp.overall is not None and len(cmp.groups) > 3
+    for g in cmp.groups:
+        rs = [
+            r
+            for r in run.requests
+            if r.ttft_ms is not None
+            and (g.bucket == ALL or r.bucket == g.bucket)
+            and (g.load == ALL or r.load_bucket == g.load)
+        ]
+        for m in g.n:
+            mine = [r for r in rs if r.mode == m]
+            assert g.n[m] == len(mine)
+            assert g.ttft[m] == _loop_summary([r.ttft_ms for r in mine], (50, 90, 99))
+            tp = [r.tpot_ms for r in mine if r.tpot_ms is not None]
+            assert g.tpot[m] == _loop_summary(tp, (50, 90, 99))
+            names = {p for r in mine for p in r.phase_ms()}
+            assert set(g.phases[m]) == names
+            for p in names:
+                col = [r.phase_ms().get(p, 0.0) for r in mine]
+                assert g.phases[m][p] == _loop_summary(col, (50, 90))
+        acc = g.tpot_account
+        if acc is not None:
+            for m, mean in ((cmp.a, acc.a_tpot_mean_ms), (cmp.b, acc.b_tpot_mean_ms)):
+                sel = [r for r in rs if r.mode == m and r.tpot_breakdown_ms and r.tpot_ms]
+                assert acc.n[m] == len(sel)
+                assert mean == sum(r.tpot_ms for r in sel) / len(sel)
+                row = acc.row(KEYS[0])
+                assert row is not None
+                want = sum(r.tpot_breakdown_ms.get(KEYS[0], 0.0) for r in sel) / len(sel)
+                assert (row.a_mean_ms if m == cmp.a else row.b_mean_ms) == want
+
+
+def test_the_index_reads_results_and_steps_when_used(
+    tmp_path: Path, gen: synthetic.SyntheticRun
+) -> None:
+    d = tmp_path / "traces"
+    gen.write(d)
+    want = analyze(TraceStore.from_paths([d]), spans=False)
+    AnalysisIndex([d]).update()  # cold
+    idx = AnalysisIndex([d])
+    run = idx.update()
+    assert isinstance(run.requests, LazyRequests) and run.requests.loaded == 0
+    assert isinstance(run.engine_steps, LazySteps)
+    # the statistics, the slowest requests and the steps summary read no result
+    assert compare(run).to_json() == compare(want).to_json()
+    slow = run.slowest(5)
+    assert [r.trace_id for r in slow] == [r.trace_id for r in want.slowest(5)]
+    assert run.requests.loaded == 5
+    assert run.steps_summary() == want.engine_steps.summary()
+    assert run.engine_steps._obj is None
+    assert run.get(want.requests[3].request_id) == want.requests[3]
+    same(run, want)
+    idx.close()
+
+
+def test_a_sampled_run_through_the_index(tmp_path: Path) -> None:
+    """Mixed ratios: the common sample the statistics keep is the same over columns."""
+    docs = synthetic.generate(120, seed=5).documents
+    rng = random.Random(1)
+    half = len(docs) // 2
+    with_sampler(docs[:half], "parentbased_traceidratio", 0.5)
+    with_sampler(docs[half:], "parentbased_traceidratio", rng.choice([0.25, 0.1]))
+    d = tmp_path / "traces"
+    d.mkdir()
+    (d / "run.jsonl").write_text("".join(json.dumps(doc) + "\n" for doc in docs))
+    want = analyze(TraceStore.from_paths([d]), spans=False)
+    assert want.sampling().mixed
+    AnalysisIndex([d]).update()
+    got = AnalysisIndex([d]).update()
+    assert got.sampling() == want.sampling()
+    assert got.failures().to_json() == want.failures().to_json()
+    same(got, want)
+
+
+def test_breakdown_over_arrays_equals_the_step_walk(
+    tmp_path: Path, gen: synthetic.SyntheticRun
+) -> None:
+    """`index._breakdown` against `tpot.breakdown` on random windows of D's steps, some
+    starting or ending inside steps, some empty or outside every step."""
+    from tracedpush.analysis.tpot import breakdown
+
+    gen.write(tmp_path)
+    store = analyze(TraceStore.from_paths([tmp_path]), spans=False).engine_steps
+    assert store is not None
+    rng = random.Random(4)
+    checked = 0
+    for eid, steps in store.steps.items():
+        arr = index_mod._StepArrays(steps)
+        if not arr.worker.any():
+            continue
+        solo = store.solo_forward_us(eid)
+        lo, hi = steps[0].start_ns - 10**7, steps[-1].end_ns + 10**7
+        for _ in range(300):
+            t0 = rng.randrange(lo, hi)
+            t1 = t0 + rng.choice([0, 1, 10**5, 10**6, 10**7, 10**8, 10**9])
+            tp, tokens = rng.uniform(0.01, 20.0), rng.randrange(1, 200)
+            for s_us in (solo, None):
+                want = breakdown(store, eid, t0, t1, tp, tokens, solo_us=s_us)
+                if s_us is None and solo is not None:
+                    continue  # breakdown looks the solo cost up itself when given None
+                assert index_mod._breakdown(arr, t0, t1, tp, tokens, s_us) == want
+                checked += 1
+    assert checked > 300
+
+
+def test_report_of_some_traces_through_the_index(
+    tmp_path: Path, gen: synthetic.SyntheticRun
+) -> None:
+    """`report --trace-id` picks the requests by column and reads only those."""
+    from tracedpush.cli import main
+
+    d = tmp_path / "traces"
+    gen.write(d)
+    run = analyze(TraceStore.from_paths([d]), spans=False)
+    ids = [run.requests[5].trace_id, run.requests[9].request_id]
+    outs = []
+    for extra in (["--no-index"], ["--index"]):
+        out = tmp_path / f"{extra[0]}.json"
+        args = ["report", "--traces", str(d), "--format", "json", "--out", str(out), *extra]
+        assert main([*args, "--trace-id", ids[0], "--trace-id", ids[1]]) == 0
+        got = json.loads(out.read_text())
+        del got["load_stats"]
+        outs.append(got)
+    assert outs[0] == outs[1] and len(outs[0]["requests"]) == 2
