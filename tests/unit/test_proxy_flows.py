@@ -381,19 +381,24 @@ def test_with_health_checks_a_refused_instance_is_skipped_until_healthy():
     async def scenario():
         good, bad = StubEngine("decode"), StubEngine("decode")
         async with proxy_rig("pull", decode=[good, bad], health_interval=3600) as rig:
-            state = rig.client.app[STATE]
-            await until(lambda: all(i.healthy for i in state.instances))
-            bad_inst = state.decode.instances[1]
-            bad_inst.url = await dead_url()  # the engine went away after its check
-            statuses = [
-                (await rig.client.post("/v1/completions", json=BODY)).status for _ in range(4)
-            ]
+            bad_inst, statuses = await second_dies_then_four_requests(rig, "decode")
             # round robin hits the dead one once; after that it is skipped
             assert statuses.count(502) == 1 and statuses.count(200) == 3
             assert bad_inst.healthy is False and "connect failed" in bad_inst.last_error
             assert len(good.requests) == 3
 
     run(scenario)
+
+
+async def second_dies_then_four_requests(rig: Any, role: str) -> tuple[Any, list[int]]:
+    """Once every instance passed a check, the second of `role` goes away (its URL now
+    refuses connections); then four requests, one at a time: (that instance, statuses)."""
+    state = rig.client.app[STATE]
+    await until(lambda: all(i.healthy for i in state.instances))
+    dead = getattr(state, role).instances[1]
+    dead.url = await dead_url()  # the engine went away after its check
+    statuses = [(await rig.client.post("/v1/completions", json=BODY)).status for _ in range(4)]
+    return dead, statuses
 
 
 @pytest.mark.parametrize("mode", ["push", "pull"])
@@ -408,12 +413,7 @@ def test_a_request_whose_prefill_refuses_the_connection_goes_to_another(mode):
         prefill = [StubEngine("prefill", mode=mode), StubEngine("prefill", mode=mode)]
         async with proxy_rig(mode, prefill=prefill, health_interval=3600) as rig:
             state = rig.client.app[STATE]
-            await until(lambda: all(i.healthy for i in state.instances))
-            dead = state.prefill.instances[1]
-            dead.url = await dead_url()  # the engine went away after its check
-            statuses = [
-                (await rig.client.post("/v1/completions", json=BODY)).status for _ in range(4)
-            ]
+            dead, statuses = await second_dies_then_four_requests(rig, "prefill")
             assert dead.healthy is False and "connect failed" in dead.last_error
             rerouted = [
                 s
