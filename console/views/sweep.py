@@ -114,6 +114,9 @@ def _agreement(cell: dict[str, Any]) -> pd.DataFrame:
                 "span TTFT p50 ms": (m.get("span_ttft_ms") or {}).get("p50"),
                 "median (client − span) / client %": ag.get("median_gap_pct"),
                 "median |client − span| ms": ag.get("median_abs_gap_ms"),
+                "median send ms": ag.get("median_send_ms"),
+                "median receive ms": ag.get("median_receive_ms"),
+                "outside the client's window": ag.get("outside") if ag.get("legs_n") else None,
             }
         )
     return pd.DataFrame(rows)
@@ -186,10 +189,12 @@ def why(got: bench.BenchLoad, input_len: int, qps: float) -> None:
     st.markdown("**Client vs traces**")
     st.dataframe(_agreement(cell), hide_index=True)
     st.caption(
-        "The client's TTFT includes the network both ways and its own HTTP stack, so it "
-        "is a little above the proxy's (receipt -> first token sent); a large gap means "
-        "the traces miss time the client saw. Requests not joined to a trace are in the "
-        "client's numbers only."
+        "The client's TTFT includes the network both ways, its own HTTP stack and any wait "
+        "for a CPU, so it is a little above the proxy's (receipt -> first token sent). "
+        "When the client ran on the proxy's host, the gap is measured in two parts: send "
+        "(client sent -> proxy received) and receive (proxy sent the first token -> client "
+        "had it); a request outside the client's window is joined to the wrong trace. "
+        "Requests not joined to a trace are in the client's numbers only."
     )
     for note in doc.get("notes") or ():
         st.caption(f"Join: {note}")

@@ -4,9 +4,16 @@ The sweep runs against the shared deployment (``--proxy``; the sweep's own 1P1D 
 is the launcher's, tested elsewhere, and the quick profile's run is in docs/bench.md):
 one cell per rate, vLLM's own benchmark client, each result file checked against the
 keys of a file `vllm bench serve --save-detailed` wrote itself on the same deployment.
-Then `report --bench` must join at least 99% of the client's rows to their traces, with
-the median client-vs-span TTFT gap at most 3%, for our files and for vLLM's own client
-run with ``--request-id-prefix``.
+Then `report --bench` must join at least 99% of the client's rows to their traces, for
+our files and for vLLM's own client run with ``--request-id-prefix``, and every joined
+request's proxy window (receipt -> first token sent) must lie inside the client's (sent
+-> first token received), on the clock the client and proxy share on this host.
+
+That containment replaced a bound on the median client-vs-span TTFT gap (3%), which
+measured this 2-core machine more than our traces: the gap is almost all the client's
+time before the proxy has the request (send: 1.3-11.8 ms measured, the client and proxy
+waiting for a core next to two busy-polling vLLM workers), while a wrong join passes a
+median bound (a join shifted by one row gave +1.1%) and fails containment on every row.
 """
 
 from __future__ import annotations
@@ -16,12 +23,22 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tracedpush.analysis.bench_results import DETAILED_KEYS, OURS, REQUEST_IDS, read_result
+from tracedpush.analysis import TraceStore, analyze
+from tracedpush.analysis.bench import join
+from tracedpush.analysis.bench_results import (
+    DETAILED_KEYS,
+    OURS,
+    REQUEST_IDS,
+    ClientClock,
+    read_result,
+)
+from tracedpush.bench import clock
 
 MODES = [pytest.param(m, marks=pytest.mark.pd(m), id=m) for m in ("push", "pull")]
 QPS = (2.0, 6.0)
@@ -29,7 +46,6 @@ INPUT_LEN = 1024  # the quick profile's shorter length
 OUTPUT_LEN = 8
 DURATION = 4.0  # seconds of arrivals per cell: 8 and 24 requests
 JOINED_AT_LEAST = 0.99
-TTFT_GAP_AT_MOST = 0.03
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -99,6 +115,7 @@ def test_vllm_bench_serve_joins_its_rows_to_our_traces(
     """vLLM's own client, as a user runs it against the proxy with --request-id-prefix:
     `report --bench` infers the prefix from the traces and joins every row."""
     prefix = f"vb-{uuid.uuid4().hex[:8]}-"
+    before = clock.reading()  # vLLM's client stamps rows with perf_counter, as we read it
     run = subprocess.run(
         [
             *VLLM_BENCH_SERVE, "--backend", "vllm", "--base-url", pd.proxy_url,
@@ -112,6 +129,7 @@ def test_vllm_bench_serve_joins_its_rows_to_our_traces(
         ],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
+    after = clock.reading()
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     path = tmp_path / "vb.json"
     data = json.loads(path.read_text())
@@ -120,7 +138,13 @@ def test_vllm_bench_serve_joins_its_rows_to_our_traces(
     vllm_files[mode] = path
     report = _wait_joined(str(path), "--traces", str(pd.traces_dir))
     assert [p["prefix"] for p in report["totals"]["prefixes"]] == [prefix]
-    _check_join(report, 12)
+    _check_join(report, 12, legs=False)  # vLLM's file does not say how its clock reads
+    # ... but this test knows: read its start times on the proxy's clock
+    timed = replace(read_result(path), clock=ClientClock((tuple(before), tuple(after))))
+    run_ = analyze(TraceStore.from_path(pd.traces_dir), spans=False)
+    (cell,) = join([timed], run_).cells
+    agreement = cell.modes[mode].agreement
+    assert agreement.legs_n == 12 and not agreement.outside, agreement
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -175,16 +199,19 @@ def _wait_joined(*argv: str, timeout_s: float = 90.0) -> dict[str, Any]:
         time.sleep(2.0)
 
 
-def _check_join(report: dict[str, Any], rows: int, mode: str | None = None) -> None:
+def _check_join(
+    report: dict[str, Any], rows: int, mode: str | None = None, legs: bool = True
+) -> None:
     totals = report["totals"]
     sent = [f for f in report["files"] if mode is None or f["mode"] == mode]
     assert sum(f["rows"] for f in sent) == rows
     joined = sum(f["joined"] for f in sent) / rows
     assert joined >= JOINED_AT_LEAST, (joined, totals)
-    gaps = [
-        m["agreement"]["median_abs_gap_pct"]
+    agreements = [
+        m["agreement"]
         for cell in report["cells"]
         for name, m in cell["modes"].items()
         if mode is None or name == mode
     ]
-    assert gaps and max(gaps) <= TTFT_GAP_AT_MOST * 100, gaps
+    assert agreements and all(a["n"] == a["legs_n"] or not legs for a in agreements), agreements
+    assert all(a["outside"] == 0 for a in agreements), agreements

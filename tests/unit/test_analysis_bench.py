@@ -13,7 +13,15 @@ import pytest
 from tracedpush import semconv as sc
 from tracedpush.analysis import TraceStore, analyze
 from tracedpush.analysis.bench import GIVEN, IDS, INFERRED, NONE, infer_prefix, join, render_bench
-from tracedpush.analysis.bench_results import OURS, cell_filename, load_results, read_result
+from tracedpush.analysis.bench_results import (
+    CLOCK,
+    OURS,
+    ClientClock,
+    cell_filename,
+    load_results,
+    parse_result,
+    read_result,
+)
 from tracedpush.analysis.compare import percentile, summary
 from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
 from tracedpush.cli import main as cli_main
@@ -334,7 +342,15 @@ def test_cli_bench_table_and_json(
         "median_gap_pct",
         "median_abs_gap_pct",
         "median_abs_gap_ms",
+        "legs_n",
+        "median_send_ms",
+        "median_receive_ms",
+        "max_send_ms",
+        "max_receive_ms",
+        "outside",
+        "outside_examples",
     }
+    assert cell["modes"]["pull"]["agreement"]["legs_n"] == 0  # no clock in the block
 
 
 def test_cli_bench_vllm_file(
@@ -376,3 +392,61 @@ def test_cli_bench_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     missing = tmp_path / "gone"
     assert cli_main(["report", "--bench", str(res), "--traces", str(missing)]) == 2
     assert "gone: no such file or directory" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ client legs
+
+PERF_OFFSET_NS = 1_700_000_000 * 10**9 - 12_345_678  # Unix - perf_counter on "this host"
+
+
+def _timed_result(
+    run: RunAnalysis, ids: Sequence[str], send_ms: float, receive_ms: float
+) -> dict[str, Any]:
+    """A sweep cell whose client stamped its rows with perf_counter, `send_ms` before
+    the proxy's receipt, and had the first token `receive_ms` after the proxy sent it."""
+    reqs = [run.get(i) for i in ids]
+    data = vllm_result(reqs, gap=0.0, extra_ms=send_ms + receive_ms, ours={"mode": "push"})  # type: ignore[arg-type]
+    data["start_times"] = [
+        (r.start_unix_ms - send_ms) / 1000.0 - PERF_OFFSET_NS / 1e9
+        for r in reqs  # type: ignore[union-attr]
+    ]
+    data[OURS][CLOCK] = {
+        "host": "here",
+        "proxy_on_this_host": True,
+        "readings": [[0, PERF_OFFSET_NS], [10**15, PERF_OFFSET_NS + 10**15]],
+    }
+    return data
+
+
+def test_a_client_on_the_proxys_clock_splits_the_gap_into_send_and_receive(
+    sweep: tuple[Path, RunAnalysis],
+) -> None:
+    """The client's TTFT minus the proxy's is measured in two parts, per request, and a
+    wrong join (each row given the next row's trace) puts the proxy's window outside
+    the client's on every row, where a median bound on the gap would not notice."""
+    _, run = sweep
+    ids = [our_id("push", 256, i) for i in range(N)]
+    data = _timed_result(run, ids, send_ms=2.0, receive_ms=0.5)
+    result = parse_result(data, Path("push.json"))
+    ag = join([result], run).cells[0].modes["push"].agreement
+    assert ag.legs_n == N and ag.outside == []
+    assert ag.median_send_ms == pytest.approx(2.0, abs=1e-3)
+    assert ag.median_receive_ms == pytest.approx(0.5, abs=1e-3)
+
+    data["request_ids"] = ids[1:] + ids[:1]
+    shifted = join([parse_result(data, Path("push.json"))], run).cells[0].modes["push"]
+    assert len(shifted.agreement.outside) == N
+
+    text = render_bench(join([result], run))
+    assert "send 2.0, receive 0.5 ms" in text
+
+
+def test_the_clock_is_used_only_when_the_proxy_shares_it() -> None:
+    block = {"proxy_on_this_host": True, "readings": [[10, 1000], [20, 1011]]}
+    clock = ClientClock.parse(block)
+    assert clock is not None and clock.drift_ms == pytest.approx(1e-6)
+    assert clock.unix_ms(15e-9) == pytest.approx(1005.5e-6)  # offset interpolated
+    assert ClientClock.parse({**block, "proxy_on_this_host": False}) is None
+    assert ClientClock.parse({**block, "readings": [[1.5, 2]]}) is None
+    assert ClientClock.parse({**block, "readings": []}) is None
+    assert ClientClock.parse("clock") is None

@@ -17,8 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from tracedpush.analysis.bench_results import DETAILED_KEYS, OURS, REQUEST_IDS, load_results
+from tracedpush.analysis.bench_results import (
+    CLOCK,
+    DETAILED_KEYS,
+    OURS,
+    REQUEST_IDS,
+    load_results,
+)
 from tracedpush.bench import command
+from tracedpush.bench.clock import on_this_host
 from tracedpush.bench.sweep import PROFILES, cell_done
 from tracedpush.model import ensure_model
 from tracedpush.testing.fake_engine import FakeEngine, fake_engine
@@ -73,6 +80,15 @@ def test_every_cell_is_a_complete_result_and_a_rerun_resumes(
         # every row's id reached the server as its x-request-id, as in the file
         assert set(data[REQUEST_IDS]) <= sent
         assert data["request_rate"] == r.qps and r.input_len in (16, 32)
+        # The client's clock: the proxy (here the fake, on 127.0.0.1) shares it, and the
+        # rows' start times are that clock (CLOCK_MONOTONIC, system-wide): each row left
+        # the client between the two readings and before the server had it.
+        assert r.clock is not None and data[OURS][CLOCK]["proxy_on_this_host"] is True
+        (first, _), (last, _) = r.clock.readings
+        arrived = {s["id"]: s["t"] for s in engine.seen}
+        for row in r.rows:
+            assert row.start_s is not None and first / 1e9 <= row.start_s <= last / 1e9
+            assert row.start_s <= arrived[row.request_id]
     warmups = [i for i in sent if i.startswith("warmup-")]
     assert len(warmups) == 4  # one per cell, never in a result file
     assert len(sent) == 4 * 4 + 4
@@ -191,3 +207,10 @@ def test_two_passes_run_abba_and_write_a_file_per_pass(
     assert json.loads(second.read_text())[OURS]["pass"] == 2
     results, _ = load_results(tmp_path)
     assert {(r.mode, r.qps, r.input_len) for r in results} == {("push", 20.0, 16)}
+
+
+def test_the_proxy_shares_the_clients_clock_only_on_this_host() -> None:
+    assert on_this_host("http://127.0.0.1:8000") and on_this_host("http://localhost:8000")
+    assert on_this_host("http://[::1]:8000")
+    assert not on_this_host("http://203.0.113.7:8000")  # TEST-NET-3: never this host
+    assert not on_this_host("http://no-such-host.invalid:8000")

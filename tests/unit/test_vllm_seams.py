@@ -18,6 +18,7 @@ import pickle
 import queue
 import textwrap
 import threading
+import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,6 +38,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl import utils as nixl_util
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPushConnectorWorker
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import RequestStatus
@@ -470,6 +473,44 @@ def test_push_reg_prefix_is_vllms():
 def test_base_request_ids_match_vllms():
     for rid in (P_RID, D_RID, "chatcmpl-abc-0123abcd", "plain", "x-12345678-87654321"):
         assert base_request_id(rid) == nixl_utils.get_base_request_id(rid)
+
+
+def test_first_scheduled_is_vllms_scheduled_event_the_step_start():
+    """Queue wait is vLLM's request_queue_time: from its QUEUED event (add_request) to its
+    SCHEDULED event, stamped with time.monotonic() as `schedule()` begins. In vLLM's
+    scheduler that stamp is taken before any request is scheduled and recorded before
+    build_connector_meta, where we read both; without them (--disable-log-stats) the
+    step's end stands in."""
+    source = inspect.getsource(Scheduler.schedule)
+    stamp = source.index("scheduled_timestamp = time.monotonic()")
+    recorded = source.index("EngineCoreEventType.SCHEDULED, scheduled_timestamp")
+    built = source.index("build_connector_meta")
+    assert stamp < recorded < built
+    assert "self.connector.on_new_request(request)" in inspect.getsource(Scheduler.add_request)
+
+    p, events = _connector(ours.NixlPushConnector, "kv_producer", "p1")
+    request = _request(P_RID, {"do_remote_decode": True})
+    p.on_new_request(request)
+    queued = time.monotonic() - 0.010
+    request.record_event(EngineCoreEventType.QUEUED, queued)
+    request.record_event(EngineCoreEventType.SCHEDULED, queued + 0.006)
+    _schedule(p, P_RID)
+    (first,) = _of(events, ev.Scheduled)
+    assert 3.5e6 < time.time_ns() - first.t < 40e6  # 4 ms before the step's end
+    assert abs(first.t - first.queued - 6_000_000) < 1_000  # vLLM's queue time, to 1 us
+    # ... and it is the queue wait the request's span says
+    tracker = RequestTracker()
+    tracker.on_new(_of(events, ev.New)[0])
+    (state,) = tracker.on_scheduled(first)
+    assert (state.sched_recv, state.sched) == (first.queued, first.t)
+
+    bare, events = _connector(ours.NixlPushConnector, "kv_producer", "p2")
+    request = _request(P_RID, {"do_remote_decode": True})
+    bare.on_new_request(request)  # no events recorded: an engine without stats
+    before = time.time_ns()
+    _schedule(bare, P_RID)
+    (first,) = _of(events, ev.Scheduled)
+    assert before <= first.t <= time.time_ns() and first.queued == 0
 
 
 def test_registration_from_vllms_scheduler_and_worker_reaches_our_spans_on_d_and_p():

@@ -100,14 +100,26 @@ class FileJoin:
 @dataclass(slots=True)
 class Agreement:
     """Client TTFT vs the proxy's (receipt -> first token sent), over joined requests:
-    gap = (client - span) / client. The client's includes the network both ways and its
-    own HTTP stack, so a small positive gap is expected; a large one means the traces
-    miss time the client saw (or the join is wrong)."""
+    gap = (client - span) / client. The client's includes its own HTTP stack, the
+    network both ways and any wait for a CPU, so a small positive gap is expected.
+
+    Where the client shared the proxy's clock (`ClientClock`), the gap is measured in its
+    two parts, per request: **send** (the client sent -> the proxy received) and
+    **receive** (the proxy sent the first token -> the client had it). Both are >= 0 by
+    causality; a request where either is not (beyond the clock readings' slack) is
+    *outside*: its trace is not the request the client sent (a wrong join), or the
+    proxy's window is wrong."""
 
     n: int
     median_gap_pct: float | None
     median_abs_gap_pct: float | None
     median_abs_gap_ms: float | None
+    legs_n: int = 0  # joined rows whose client shared the proxy's clock
+    median_send_ms: float | None = None
+    median_receive_ms: float | None = None
+    max_send_ms: float | None = None
+    max_receive_ms: float | None = None
+    outside: list[str] = field(default_factory=list)  # request ids (see above)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -115,7 +127,50 @@ class Agreement:
             "median_gap_pct": _round(self.median_gap_pct, 2),
             "median_abs_gap_pct": _round(self.median_abs_gap_pct, 2),
             "median_abs_gap_ms": round_ms(self.median_abs_gap_ms),
+            "legs_n": self.legs_n,
+            "median_send_ms": round_ms(self.median_send_ms),
+            "median_receive_ms": round_ms(self.median_receive_ms),
+            "max_send_ms": round_ms(self.max_send_ms),
+            "max_receive_ms": round_ms(self.max_receive_ms),
+            "outside": len(self.outside),
+            "outside_examples": self.outside[:EXAMPLES],
         }
+
+
+# Two clock readings taken together differ by well under this (bench.clock.reading).
+CLOCK_SLACK_MS = 0.05
+
+
+def client_legs(
+    sent_unix_ms: float, client_ttft_ms: float, receipt_unix_ms: float, span_ttft_ms: float
+) -> tuple[float, float]:
+    """(client sent -> proxy receipt, proxy's first token -> client's first token) in ms,
+    for a client and proxy on one clock. They add up to client TTFT - span TTFT."""
+    send = receipt_unix_ms - sent_unix_ms
+    return send, client_ttft_ms - span_ttft_ms - send
+
+
+def _legs(files: Sequence[FileJoin]) -> tuple[list[float], list[float], list[str]]:
+    """Each joined successful row's two legs, and the rows outside (see `Agreement`)."""
+    sends: list[float] = []
+    receives: list[float] = []
+    outside: list[str] = []
+    for f in files:
+        clock = f.result.clock
+        if clock is None:
+            continue
+        slack = CLOCK_SLACK_MS + clock.drift_ms
+        for row, r in f.pairs():
+            if not row.ok or row.start_s is None or r.ttft_ms is None:
+                continue
+            send, receive = client_legs(
+                clock.unix_ms(row.start_s), _client_ttft(row), r.start_unix_ms, r.ttft_ms
+            )
+            sends.append(send)
+            receives.append(receive)
+            if min(send, receive) < -slack:
+                outside.append(r.request_id)
+    return sends, receives, outside
 
 
 @dataclass(slots=True)
@@ -503,11 +558,18 @@ def _mode_cell(mode: str, files: Sequence[FileJoin]) -> ModeCell:
     client_tpot = summary(row.tpot_s * 1000.0 for row in ok if row.tpot_s is not None)
     gaps = [(_client_ttft(row), r.ttft_ms) for row, r in pairs if row.ok and r.ttft_ms is not None]
     rel = sorted((c - s) / c * 100.0 for c, s in gaps if c)
+    sends, receives, outside = _legs(files)
     agreement = Agreement(
         len(gaps),
         percentile(rel, 50),
         percentile(sorted(abs(x) for x in rel), 50),
         percentile(sorted(abs(c - s) for c, s in gaps), 50),
+        legs_n=len(sends),
+        median_send_ms=percentile(sorted(sends), 50),
+        median_receive_ms=percentile(sorted(receives), 50),
+        max_send_ms=max(sends, default=None),
+        max_receive_ms=max(receives, default=None),
+        outside=outside,
     )
     typical = None
     median = client_ttft["p50"]
@@ -665,7 +727,12 @@ def _agreement_text(m: ModeCell) -> str:
     ag = m.agreement
     if ag.median_gap_pct is None:
         return "-"
-    return f"{ag.median_gap_pct:+.1f}% ({ag.median_abs_gap_ms:.1f} ms)"
+    text = f"{ag.median_gap_pct:+.1f}% ({ag.median_abs_gap_ms:.1f} ms)"
+    if ag.median_send_ms is not None and ag.median_receive_ms is not None:
+        text += f"; send {ag.median_send_ms:.1f}, receive {ag.median_receive_ms:.1f} ms"
+    if ag.outside:
+        text += f", {len(ag.outside)} outside the client's window"
+    return text
 
 
 def _typical_text(m: ModeCell) -> str:

@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 OURS = "tracedpush"  # our block in a result file
 FORMAT_VERSION = 1
 REQUEST_IDS = "request_ids"
+CLOCK = "clock"  # in our block: `ClientClock`
 # What --save-detailed adds per request; every array has one entry per request sent.
 DETAILED_KEYS = (
     "input_lens",
@@ -65,10 +66,50 @@ class BenchRow:
     input_len: int | None
     output_len: int | None
     error: str  # "" when the request succeeded
+    start_s: float | None = None  # the client's time.perf_counter() as it sent the request
 
     @property
     def ok(self) -> bool:
         return not self.error and self.ttft_s is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ClientClock:
+    """How to read the client's per-request start times (``time.perf_counter()``, which
+    is CLOCK_MONOTONIC on Linux) on the Unix clock the proxy's spans use: two (perf
+    counter, Unix) readings taken by the sweep before and after the cell, on the client's
+    host. Only recorded when the proxy runs on that host, so the two share one clock:
+    then the proxy's window of a request (receipt -> first token sent) lies inside the
+    client's (sent -> first token received) by causality, and what is outside it is
+    measured, not estimated (`analysis.bench`)."""
+
+    readings: tuple[tuple[int, int], ...]  # (perf_counter ns, Unix ns), in time order
+
+    def unix_ms(self, perf_s: float) -> float:
+        """A perf_counter time as Unix milliseconds, the offset interpolated between
+        the readings (NTP may slew the Unix clock a little during a cell)."""
+        (p0, u0), (p1, u1) = self.readings[0], self.readings[-1]
+        off0, off1 = u0 - p0, u1 - p1
+        frac = 0.0 if p1 == p0 else min(max((perf_s * 1e9 - p0) / (p1 - p0), 0.0), 1.0)
+        return (perf_s * 1e9 + off0 + (off1 - off0) * frac) / 1e6
+
+    @property
+    def drift_ms(self) -> float:
+        """How far the two clocks moved apart over the cell."""
+        (p0, u0), (p1, u1) = self.readings[0], self.readings[-1]
+        return abs((u1 - p1) - (u0 - p0)) / 1e6
+
+    @classmethod
+    def parse(cls, block: Any) -> ClientClock | None:
+        if not isinstance(block, dict) or block.get("proxy_on_this_host") is not True:
+            return None
+        raw = block.get("readings")
+        if not isinstance(raw, list) or not raw:
+            return None
+        pairs = [tuple(r) for r in raw if isinstance(r, list) and len(r) == 2]
+        if len(pairs) != len(raw) or not all(type(x) is int for p in pairs for x in p):
+            return None
+        return cls(tuple(sorted(pairs)))  # type: ignore[arg-type]
 
 
 @dataclass(slots=True)
@@ -84,6 +125,7 @@ class BenchResult:
     output_len: int | None
     request_id_prefix: str | None
     traces: Path | None  # absolute; None when the file does not say
+    clock: ClientClock | None = None  # the client shared the proxy's clock (our block)
 
     @property
     def name(self) -> str:
@@ -95,31 +137,8 @@ class BenchResult:
 
     def with_prefix(self, prefix: str) -> BenchResult:
         """The same result with row i's id set to ``prefix + str(i)``."""
-        rows = [_replace_id(r, f"{prefix}{r.index}") for r in self.rows]
-        return BenchResult(
-            self.path,
-            self.data,
-            rows,
-            self.mode,
-            self.qps,
-            self.input_len,
-            self.output_len,
-            prefix,
-            self.traces,
-        )
-
-
-def _replace_id(row: BenchRow, request_id: str) -> BenchRow:
-    return BenchRow(
-        row.index,
-        request_id,
-        row.ttft_s,
-        row.tpot_s,
-        row.latency_s,
-        row.input_len,
-        row.output_len,
-        row.error,
-    )
+        rows = [replace(r, request_id=f"{prefix}{r.index}") for r in self.rows]
+        return replace(self, rows=rows, request_id_prefix=prefix)
 
 
 def _number(value: Any) -> float | None:
@@ -175,6 +194,7 @@ def parse_result(data: Any, path: Path) -> BenchResult:
                 input_len=data["input_lens"][i] if isinstance(data["input_lens"][i], int) else None,
                 output_len=out_len,
                 error=str(error),
+                start_s=_number(data["start_times"][i]),
             )
         )
     rate = _number(data.get("request_rate"))
@@ -189,6 +209,7 @@ def parse_result(data: Any, path: Path) -> BenchResult:
         output_len=ours.get("output_len"),
         request_id_prefix=ours.get("request_id_prefix"),
         traces=(path.parent / traces).resolve() if isinstance(traces, str) else None,
+        clock=ClientClock.parse(ours.get(CLOCK)),
     )
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tracedpush.analysis.bench_results import (
+    CLOCK,
     FORMAT_VERSION,
     OURS,
     REQUEST_IDS,
@@ -34,6 +35,7 @@ from tracedpush.analysis.bench_results import (
     cell_filename,
     read_result,
 )
+from tracedpush.bench import clock
 from tracedpush.bench.vllm_client import CellRequest, run_vllm_cell, vllm_bench_available
 from tracedpush.launcher.servers import installed_vllm
 
@@ -182,8 +184,10 @@ def annotate(
     results_dir: Path,
     client: str,
     started: float,
+    clock: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """vLLM's result plus our keys: the request ids row by row, and the cell."""
+    """vLLM's result plus our keys: the request ids row by row, the cell, and the
+    client's clock (`bench.clock`)."""
     n = len(data.get("ttfts", []))
     data[REQUEST_IDS] = [f"{prefix}{i}" for i in range(n)]
     data[OURS] = {
@@ -204,6 +208,8 @@ def annotate(
         "started_unix": started,
         "run_id": plan.run_id,
     }
+    if clock is not None:
+        data[OURS][CLOCK] = clock
     return data
 
 
@@ -252,9 +258,11 @@ class CellRunner:
             req = self.request(cell, target, self.plan.prompts(cell.qps), cell.qps, prefix)
             started = time.time()
             partial = self.results_dir / f".{cell.filename}.partial"
+            before = clock.reading()
             data = self._run(req, partial, log)
+            measured = clock.client_clock(target.proxy_url, before, clock.reading())
         data = annotate(
-            data, cell, self.plan, prefix, target, self.results_dir, self.client, started
+            data, cell, self.plan, prefix, target, self.results_dir, self.client, started, measured
         )
         out = self.results_dir / cell.filename
         write_json(out, data)

@@ -124,6 +124,7 @@ class RequestResult:
     status: int | None = None
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    sent_unix_ns: int = 0  # Unix time as the request was sent (ttft_s counts from it)
 
     @property
     def ok(self) -> bool:
@@ -220,6 +221,7 @@ async def send_one(
     path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
     body = _body(endpoint, model, prompt, max_tokens, extra_body or {})
     t0 = time.perf_counter()
+    sent_unix_ns = time.time_ns()
     origin = t0 if t_origin is None else t_origin
     first = last = None
     n_chunks, usage, status, error = 0, None, None, None
@@ -276,6 +278,7 @@ async def send_one(
         status=status,
         error=error,
         extra={"finish_reason": finish, "text": "".join(text), "chunks": n_chunks},
+        sent_unix_ns=sent_unix_ns,
     )
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from time import time_ns
+from time import monotonic, time_ns
 from typing import Any
 
 from tracedpush import semconv
@@ -62,6 +62,28 @@ def _positive_int(value: Any) -> int:
     return value if type(value) is int and value > 0 else 1
 
 
+def _vllm_times(request: Any, now_ns: int, mono_s: float) -> tuple[int, int]:
+    """vLLM's (QUEUED, SCHEDULED) moments of `request`, on our clock (ns since the epoch),
+    read in the step that first scheduled it; QUEUED 0 and SCHEDULED `now_ns` without them.
+
+    vLLM measures request_queue_time and request_prefill_time from these events, stamped
+    with `time.monotonic()`: QUEUED as `add_request` ends, SCHEDULED as the step's
+    `schedule()` begins. `build_connector_meta` runs at the step's end, after the
+    scheduler's work for every request in the step, so its own time would move that work
+    into the queue wait. Both are converted with one offset, so their difference is
+    vLLM's exactly. Without events (the engine runs with --disable-log-stats) the step's
+    end is the answer.
+    """
+    queued, scheduled = 0, now_ns
+    for event in request.events or ():
+        name = event.type.name
+        if name == "QUEUED":
+            queued = now_ns - int((mono_s - event.timestamp) * 1e9)
+        elif name == "SCHEDULED":
+            scheduled = now_ns - int((mono_s - event.timestamp) * 1e9)
+    return queued, scheduled
+
+
 class TracedConnectorMixin:
     """Mixed in before vLLM's NixlPushConnector / NixlPullConnector."""
 
@@ -77,7 +99,7 @@ class TracedConnectorMixin:
         self._tp_record = None
         self._tp_obs: Observations | None = None  # builder -> get_kv_connector_stats
         self._tp_outbox: list[tuple] = []
-        self._tp_await_sched: set[str] = set()
+        self._tp_await_sched: dict[str, Any] = {}  # request id -> vLLM's Request
         self._tp_seq = 0  # scheduler: engine steps scheduled
         # worker: the step in progress (bind -> clear), its connector time per call
         self._tp_step_t0 = 0
@@ -222,7 +244,7 @@ class TracedConnectorMixin:
                 # The first-scheduled moment only ends the engine span, which an unsampled
                 # request does not get; its other events feed the KV metrics.
                 if sampled(traceparent):
-                    self._tp_await_sched.add(request.request_id)
+                    self._tp_await_sched[request.request_id] = request
             except Exception:
                 pass
         elif request.kv_transfer_params:
@@ -261,9 +283,10 @@ class TracedConnectorMixin:
                 if waiting:
                     hits = [rid for rid in waiting if rid in scheduled]
                     if hits:
+                        mono = monotonic()
                         for rid in hits:
-                            record((ev.SCHEDULED, now, rid))
-                        waiting.difference_update(hits)
+                            queued, at = _vllm_times(waiting.pop(rid), now, mono)
+                            record((ev.SCHEDULED, at, rid, queued))
                 self._tp_seq = seq = self._tp_seq + 1
                 record((ev.SCHED_STEP, now, seq, scheduled))
                 meta.tracedpush_step = seq
@@ -295,7 +318,7 @@ class TracedConnectorMixin:
             event = (ev.FINISHED, time_ns(), request.request_id, request.status.name, n_blocks)
             record(event)
             self._tp_outbox.append(event)
-            self._tp_await_sched.discard(request.request_id)
+            self._tp_await_sched.pop(request.request_id, None)
         except Exception:
             pass
 

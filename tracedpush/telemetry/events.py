@@ -46,10 +46,12 @@ class Alloc(NamedTuple):
 
 
 class Scheduled(NamedTuple):
-    """First time the request is scheduled for compute."""
+    """First time the request is scheduled for compute: vLLM's SCHEDULED moment (the
+    step's start) when the engine keeps stats, else the step's `build_connector_meta`."""
 
     t: int
     req_id: str
+    queued: int = 0  # vLLM's QUEUED moment on the same clock (add_request); 0: unknown
 
 
 class Finished(NamedTuple):

@@ -238,6 +238,8 @@ class RequestTracker:
 
     def on_scheduled(self, e: ev.Scheduled) -> Touched:
         req = self.req(e.req_id)
+        if not req.sched and e.queued:
+            req.sched_recv = e.queued  # vLLM's own, read on the clock of `sched`
         req.sched = req.sched or e.t
         if not req.finished:
             self._prefilling.add(req.base)
