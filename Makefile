@@ -36,8 +36,9 @@ help:
 install:
 	@EXTRAS=$(EXTRAS) bash scripts/install.sh $(VENV)
 
+# --durations: the slowest tests in every CI log, to keep `make test` under 25 minutes
 test: install check
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=30 $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-vllm033 PYTEST_ARGS=
 
 # The vLLM 0.33 lane: every unit test that touches vLLM's classes, run against vLLM 0.33.0's

@@ -163,8 +163,7 @@ class Snapshot:
         cols = self._columns()
         if cols is None:
             return self._subset([r for r in self.run.requests if r.start_unix_ms >= since_unix_ms])
-        recent = (cols.start >= since_unix_ms).nonzero()[0].tolist()
-        return self._subset(self.run._at(recent))
+        return self.run.subset((cols.start >= since_unix_ms).nonzero()[0].tolist())
 
     def _subset(self, requests: list[Any]) -> Any:
         """`requests` as a RunAnalysis of this run's offsets, stats and buckets."""

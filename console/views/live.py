@@ -72,7 +72,7 @@ def live() -> None:
         )
 
     st.plotly_chart(
-        charts.window_ttft(pd.DataFrame(window.table())),
+        charts.window_ttft(pd.DataFrame(window.table_columns() or window.table())),
         key="live_ttft",
     )
     table = data.phase_percentiles(overall)

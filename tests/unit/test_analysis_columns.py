@@ -8,12 +8,14 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
-from test_analysis_index import same
+from test_analysis_index import same, same_columns
 from test_analysis_sampling import with_sampler
 
 from tracedpush.analysis import TraceStore, analyze, compare
 from tracedpush.analysis import index as index_mod
+from tracedpush.analysis.columns import RunColumns, SlotColumns, row_of
 from tracedpush.analysis.compare import ALL, percentile
 from tracedpush.analysis.index import AnalysisIndex
 from tracedpush.analysis.results import LazyRequests, LazySteps
@@ -97,6 +99,39 @@ def test_the_index_reads_results_and_steps_when_used(
     idx.close()
 
 
+def test_a_window_of_the_index_run_is_its_columns_not_its_requests(
+    tmp_path: Path, gen: synthetic.SyntheticRun
+) -> None:
+    """The console's Live window: a part of a 200,000-request run must cost numpy over
+    its rows, not a read of each request; its statistics and table are those of the
+    same requests analysed in memory."""
+    d = tmp_path / "traces"
+    gen.write(d)
+    want = analyze(TraceStore.from_paths([d]), spans=False)
+    AnalysisIndex([d]).update()
+    idx = AnalysisIndex([d])
+    run = idx.update()
+    starts = sorted(r.start_unix_ms for r in want.requests)
+    since = starts[len(starts) // 2]
+    at = [i for i, r in enumerate(want.requests) if r.start_unix_ms >= since]
+    window = run.subset(at)
+    plain = want.subset(at)
+    assert isinstance(window.requests, LazyRequests) and window.columns() is not None
+    assert plain.columns() is None and len(window) == len(plain) == len(at)
+    assert compare(window).to_json() == compare(plain).to_json()
+    assert window.table_columns() == _by_column(plain.table(), window.table_columns())
+    assert run.requests.loaded == 0  # nothing read so far
+    assert window.requests[0] == want.requests[at[0]] and run.requests.loaded == 1
+    assert window.get(want.requests[at[-1]].trace_id) == want.requests[at[-1]]
+    idx.close()
+
+
+def _by_column(rows: list[dict], like: dict | None) -> dict:
+    """`RunAnalysis.table()` rows as columns, in `like`'s keys (absent phase: None)."""
+    assert like is not None
+    return {k: [row.get(k) for row in rows] for k in like}
+
+
 def test_a_sampled_run_through_the_index(tmp_path: Path) -> None:
     """Mixed ratios: the common sample the statistics keep is the same over columns."""
     docs = synthetic.generate(120, seed=5).documents
@@ -166,3 +201,99 @@ def test_report_of_some_traces_through_the_index(
         del got["load_stats"]
         outs.append(got)
     assert outs[0] == outs[1] and len(outs[0]["requests"]) == 2
+
+
+def _columns_by_loop(requests: list, breakdowns: list) -> RunColumns:
+    """`RunColumns` of `requests` made request by request (what `RunColumns.build` did
+    before it went through `SlotColumns`): the reference `SlotColumns` must equal."""
+    n = len(requests)
+    phases: dict[str, None] = {}  # in order of first appearance
+    for r in requests:
+        phases.update(dict.fromkeys(r.phase_ms()))
+    phase = np.zeros((n, len(phases)))
+    has = np.zeros((n, len(phases)), dtype=bool)
+    bd = np.zeros((n, len(KEYS)))
+    has_bd = np.zeros(n, dtype=bool)
+    for i, r in enumerate(requests):
+        for j, p in enumerate(phases):
+            if p in r.phase_ms():
+                phase[i, j], has[i, j] = r.phase_ms()[p], True
+        if breakdowns[i] and r.tpot_ms is not None:
+            bd[i] = [breakdowns[i].get(k, 0.0) for k in KEYS]
+            has_bd[i] = True
+
+    def floats(name: str) -> np.ndarray:
+        return np.array([getattr(r, name) for r in requests], dtype=float).reshape(n)
+
+    def flags(values: list) -> np.ndarray:
+        return np.array(values, dtype=bool).reshape(n)
+
+    failed = flags([r.failure is not None for r in requests])
+    return RunColumns(
+        trace_id=[r.trace_id for r in requests],
+        request_id=[r.request_id for r in requests],
+        mode=[r.mode for r in requests],
+        bucket=[r.bucket for r in requests],
+        load_bucket=[r.load_bucket for r in requests],
+        load=[r.load for r in requests],
+        prompt=[r.prompt_tokens for r in requests],
+        output=[r.output_tokens for r in requests],
+        error=[r.error for r in requests],
+        ttft=floats("ttft_ms"),
+        tpot=floats("tpot_ms"),
+        start=floats("start_unix_ms"),
+        complete=flags([r.complete for r in requests]),
+        proxy_seen=flags([r.proxy_seen for r in requests]),
+        failed=failed,
+        recovered=~failed & flags([r.error is not None for r in requests]),
+        sampler=[r.sampler for r in requests],
+        ratio=[r.sampling_ratio for r in requests],
+        problems=[tuple(r.problems) for r in requests],
+        phases=list(phases),
+        phase=phase,
+        has_phase=has,
+        bd=bd,
+        has_bd=has_bd,
+    )
+
+
+def test_slot_columns_equal_columns_made_request_by_request(
+    tmp_path: Path, gen: synthetic.SyntheticRun
+) -> None:
+    """`SlotColumns` as the index uses it: every slot written twice, first with another
+    request's row (a request re-analysed: its shape of critical path, phases, TPOT and
+    breakdown change), in batches and orders of their own; then part of the slots taken
+    in another order. Equal to those requests' columns made one by one in that order,
+    phase order included (first appearance); `RunColumns.build` too."""
+    gen.write(tmp_path)
+    rs = analyze(TraceStore.from_paths([tmp_path]), spans=False).requests
+    n = len(rs)
+    assert {r.mode for r in rs} == {"push", "pull"} and any(r.tpot_breakdown_ms for r in rs)
+    rng = random.Random(3)
+    # slot i ends with request i (every 5th without a breakdown); first it holds another
+    # request's row and breakdown (pull where push)
+    bds = [None if i % 5 == 0 else r.tpot_breakdown_ms for i, r in enumerate(rs)]
+    slots = SlotColumns()
+    for which in (lambda i: n - 1 - i, lambda i: i):
+        order = list(range(n))
+        rng.shuffle(order)
+        for part in (order[: n // 3], order[n // 3 :]):
+            mine = [rs[which(i)] for i in part]
+            slots.write(part, [r.trace_id for r in mine], [row_of(r) for r in mine],
+                        [r.bucket for r in mine])  # fmt: skip
+            slots.write_breakdowns(part, [bds[which(i)] for i in part])
+    taken = rng.sample(range(n), n // 2)
+    loads = [rs[i].load for i in taken]
+    load_buckets = [rs[i].load_bucket for i in taken]
+    want = _columns_by_loop([rs[i] for i in taken], [bds[i] for i in taken])
+    same_columns(slots.take(taken, loads, load_buckets), want)
+    built = RunColumns.build(
+        [rs[i].trace_id for i in taken],
+        [row_of(rs[i]) for i in taken],
+        [rs[i].bucket for i in taken],
+        load_buckets,
+        [bds[i] for i in taken],
+        loads,
+    )
+    same_columns(built, want)
+    same_columns(slots.take([], [], []), _columns_by_loop([], []))

@@ -4,17 +4,23 @@ lines, offsets moving), with failures, and on a real run's traces."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import gzip
 import json
 import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from tracedpush.analysis import TraceStore, analyze, run_json
+from tracedpush import semconv as sc
+from tracedpush.analysis import TraceStore, analyze, run_json, skew
+from tracedpush.analysis.columns import RunColumns
 from tracedpush.analysis.index import INDEX_DIRNAME, AnalysisIndex, index_run
 from tracedpush.analysis.results import RunAnalysis
+from tracedpush.analysis.timeline import TraceIndex
 from tracedpush.testing import synthetic
 
 REAL = Path(__file__).resolve().parent.parent / "data" / "real-run.jsonl.gz"
@@ -32,8 +38,27 @@ def same(a: RunAnalysis, b: RunAnalysis) -> None:
     assert ja == jb
 
 
+def same_columns(a: RunColumns | None, b: RunColumns) -> None:
+    """Equal column by column: values, dtypes, shapes, phase order (NaN equals NaN)."""
+    assert a is not None
+    for f in dataclasses.fields(RunColumns):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(y, np.ndarray):
+            assert x.dtype == y.dtype and x.shape == y.shape, f.name
+            assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), f.name
+        elif f.name != "sampled":
+            assert x == y, f.name
+
+
 def reference(paths: list[Path], **kwargs: Any) -> RunAnalysis:
     return analyze(TraceStore.from_paths(paths), spans=False, **kwargs)
+
+
+UNTIED = {  # one host per instance: clocks not tied to one offset
+    synthetic.PROXY_INSTANCE: "h-proxy",
+    synthetic.PREFILL_INSTANCE: "h-prefill",
+    synthetic.DECODE_INSTANCE: "h-decode",
+}
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +69,7 @@ def skewed() -> synthetic.SyntheticRun:
         seed=7,
         batch=8,
         clock_offsets_ms={synthetic.DECODE_INSTANCE: 35.0, synthetic.PREFILL_INSTANCE: -12.0},
-        hosts={
-            synthetic.PROXY_INSTANCE: "h-proxy",
-            synthetic.PREFILL_INSTANCE: "h-prefill",
-            synthetic.DECODE_INSTANCE: "h-decode",
-        },
+        hosts=UNTIED,
         drop_spans={"kv.notify": 0.05, "proxy.decode": 0.03},
     )
 
@@ -252,3 +273,212 @@ def test_parallel_cold_build_equals_analyze(
     same(warm.update(), want)
     assert warm.last_new == 0
     warm.close()
+
+
+# ------------------------------------------------------------------ Live updates
+Piece = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]  # (resource, scope, span)
+
+
+def _pieces(docs: list[dict[str, Any]]) -> list[Piece]:
+    """Every span of `docs` with its resource and scope, in document order."""
+    return [
+        (rs["resource"], ss["scope"], span)
+        for doc in docs
+        for rs in doc["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for span in ss["spans"]
+    ]
+
+
+def _line(piece: Piece) -> str:
+    """One span as its own OTLP JSON line."""
+    res, scope, span = piece
+    doc = {"resourceSpans": [{"resource": res, "scopeSpans": [{"scope": scope, "spans": [span]}]}]}
+    return json.dumps(doc, separators=(",", ":")) + "\n"
+
+
+def _res_attr(res: dict[str, Any], key: str) -> Any:
+    return next(a["value"] for a in res["attributes"] if a["key"] == key)
+
+
+def _moved(piece: Piece, shift_ns: int = 0, **res: dict[str, Any]) -> Piece:
+    """`piece` with resource attributes replaced and every time moved by `shift_ns`."""
+    resource, scope, span = copy.deepcopy(piece)
+    for a in resource["attributes"]:
+        a["value"] = res.get(a["key"], a["value"])
+    for key in ("startTimeUnixNano", "endTimeUnixNano"):
+        span[key] = str(int(span[key]) + shift_ns)
+    for e in span.get("events") or ():
+        e["timeUnixNano"] = str(int(e["timeUnixNano"]) + shift_ns)
+    return resource, scope, span
+
+
+def _service(piece: Piece) -> str:
+    return _res_attr(piece[0], sc.RES_SERVICE_NAME)["stringValue"]
+
+
+def _lowest_prefill_slack(pieces: list[Piece], traces: list[str]) -> str:
+    """The trace of `traces` whose proxy.prefill -> prefill start pair has the lowest
+    slack: it holds the clock-skew evidence's lowest from the proxy's clock to P's."""
+    start: dict[tuple[str, str], int] = {}
+    for _r, _s, span in pieces:
+        if span["name"] in (sc.SPAN_PROXY_PREFILL, sc.SPAN_PREFILL):
+            start[span["traceId"], span["name"]] = int(span["startTimeUnixNano"])
+    return min(traces, key=lambda t: start[t, sc.SPAN_PREFILL] - start[t, sc.SPAN_PROXY_PREFILL])
+
+
+def test_live_updates_equal_a_fresh_analysis(tmp_path: Path) -> None:
+    """One index object through what a Live page sees, span by span: new traces; a
+    proxy's legs arriving after its root (the trace's causal pairs change: the legs
+    replace the root, not add to it); engine spans arriving late; a second P span that
+    makes the trace holding the lowest slack of a resource pair give it up (recomputed
+    from the other traces); a new process, then a new instance on its own host (a new
+    clock domain); clock offsets that move (every trace analysed again); engine steps
+    arriving late (TPOT breakdowns redone). After each update the run equals `analyze()`
+    of every span so far: request by request, the whole JSON report, and the columns."""
+    skew_ms = {synthetic.DECODE_INSTANCE: 20.0, synthetic.PREFILL_INSTANCE: -8.0}
+    gen = synthetic.generate(100, seed=21, batch=4, clock_offsets_ms=skew_ms, hosts=UNTIED)
+    pieces = _pieces(gen.documents)
+    roots = [p[2]["traceId"] for p in pieces if p[2]["name"] == sc.SPAN_REQUEST]
+    procs = list(dict.fromkeys(p[2]["traceId"] for p in pieces if p[2]["name"] in sc.PROCESS_SPANS))
+    t0, t1, t2, t3 = roots[:40], roots[40:60], roots[60:75], roots[75:]
+    legs_late, engine_late = t0[3], t0[5]
+    lowest = _lowest_prefill_slack(
+        pieces, [t for t in t0 + t1 if t not in (legs_late, engine_late)]
+    )
+    stage_of = {t: i for i, ts in enumerate((t0, t1, t2, t3)) for t in ts}
+    stage_of |= {t: 0 if i < len(procs) // 2 else 3 for i, t in enumerate(procs)}
+    stages: list[list[Piece]] = [[], [], [], []]
+    for piece in pieces:
+        span = piece[2]
+        tid, stage = span["traceId"], stage_of[span["traceId"]]
+        if tid == legs_late and span["name"] in (sc.SPAN_PROXY_PREFILL, sc.SPAN_PROXY_DECODE):
+            stage = 1
+        elif tid == engine_late and _service(piece) == sc.SERVICE_DECODE:
+            stage = 2
+        elif stage == 1 and _service(piece) == sc.SERVICE_DECODE:  # a new process
+            piece = _moved(piece, **{sc.RES_PROCESS_PID: {"intValue": "9999"}})
+        elif stage == 2 and _service(piece) == sc.SERVICE_PREFILL:  # a new clock domain
+            new = {
+                sc.RES_SERVICE_INSTANCE_ID: {"stringValue": "prefill-1"},
+                sc.RES_HOST_NAME: {"stringValue": "h-prefill-1"},
+            }
+            piece = _moved(piece, 15_000_000, **new)
+        elif stage == 3 and _service(piece) == sc.SERVICE_DECODE:  # offsets move
+            piece = _moved(piece, -4_000_000)
+        if tid == lowest and span["name"] == sc.SPAN_PREFILL:  # a second, later one
+            later = _moved(piece, 1_000_000)
+            later[2]["spanId"] = "f" + span["spanId"][1:]
+            stages[2].append(later)
+        stages[stage].append(piece)
+    d = tmp_path / "traces"
+    d.mkdir()
+    idx = AnalysisIndex([d], index_dir=tmp_path / "index")
+    seen = []
+    for stage in [*stages, []]:
+        with (d / "run.jsonl").open("a") as fh:
+            fh.writelines(_line(p) for p in stage)
+        run = idx.update()
+        want = reference([d])
+        same(run, want)
+        same_columns(run.columns(), RunColumns.from_requests(want.requests))
+        assert idx.skew_edges() == _collect([d])
+        seen.append((idx.last_reanalysed, idx.last_rows_written, run.clock_offsets))
+    assert len(run.requests) == 100
+    assert "prefill-1" in seen[2][2]
+    offsets = [{k: o.offset_ms for k, o in s[2].items()} for s in seen]
+    assert offsets[3][synthetic.DECODE_INSTANCE] != offsets[2][synthetic.DECODE_INSTANCE]
+    assert seen[3][0] > len(t3)  # the offsets moved: earlier traces analysed again
+    assert seen[4][:2] == (0, 0)  # nothing new: nothing written
+    idx.close()
+    warm = AnalysisIndex([d], index_dir=tmp_path / "index")
+    same(warm.update(), reference([d]))
+    same_columns(warm.update().columns(), RunColumns.from_requests(reference([d]).requests))
+    warm.close()
+
+
+def _collect(paths: list[Path]) -> skew.Edges:
+    """`skew.collect` of every trace's request spans, as `analyze` calls it."""
+    store = TraceStore.from_paths(paths)
+    indexes = []
+    for tid, spans in store.traces.items():
+        req = [s for s in spans.values() if s.name not in sc.PROCESS_SPANS]
+        if req:
+            indexes.append(TraceIndex(tid, req))
+    resources = {id(s.resource): s.resource for ix in indexes for s in ix.spans}
+    return skew.collect(indexes, skew.domains(resources.values()))
+
+
+def _copies(pieces: list[Piece], traces: list[str], copy_no: int, shift_ns: int) -> list[Piece]:
+    """The spans of `traces` as new traces (ids and request ids), `shift_ns` later: the
+    same clock-skew evidence, so the offsets hold still."""
+    out = []
+    for piece in pieces:
+        if piece[2]["traceId"] not in traces:
+            continue
+        res, scope, span = _moved(piece, shift_ns)
+        span["traceId"] = f"{copy_no:04x}" + span["traceId"][4:]
+        for a in span.get("attributes") or ():
+            if a["key"] == sc.REQUEST_ID:
+                a["value"] = {"stringValue": f"{a['value']['stringValue']}-c{copy_no}"}
+        out.append((res, scope, span))
+    return out
+
+
+def test_an_update_writes_the_new_traces_not_the_run(tmp_path: Path) -> None:
+    """A Live refresh's per-request Python work follows the new spans: after k new
+    traces are appended to a run of n, the update re-analyses k traces and writes k
+    rows (facts, result row, TPOT breakdown), whatever n, and still equals `analyze()`."""
+    gen = synthetic.generate(120, seed=9, batch=4)
+    pieces = _pieces(gen.documents)
+    roots = [p[2]["traceId"] for p in pieces if p[2]["name"] == sc.SPAN_REQUEST]
+    ends = [int(p[2]["endTimeUnixNano"]) for p in pieces]
+    period = max(ends) - min(int(p[2]["startTimeUnixNano"]) for p in pieces) + 10**9
+    d = tmp_path / "traces"
+    d.mkdir()
+    (d / "run.jsonl").write_text("".join(map(_line, pieces)))
+    idx = AnalysisIndex([d])
+    run = idx.update()
+    assert len(run.requests) == 120
+    assert idx.last_rows_written == len(idx) > 120  # the first: every trace (steps too)
+    total = 120
+    for copy_no, k in enumerate((1, 4, 9), start=1):
+        new = _copies(pieces, roots[:k], copy_no, copy_no * period)
+        with (d / "run.jsonl").open("a") as fh:
+            fh.writelines(map(_line, new))
+        run = idx.update()
+        total += k
+        assert len(run.requests) == total
+        assert idx.last_reanalysed == k and idx.last_rows_written == k
+    same(run, reference([d]))
+    idx.close()
+
+
+@pytest.mark.parametrize("pull_first", [False, True])
+def test_tied_proxies_keep_the_first_seen_reference(tmp_path: Path, pull_first: bool) -> None:
+    """Two proxies (one per mode, own hosts) with as many requests each: the reference
+    clock is the one whose requests were seen first, as `analyze` picks it, also when
+    the tie comes with an update."""
+    gen = synthetic.generate(60, seed=4, batch=4, hosts=UNTIED, engine_steps=False)
+    second = {
+        sc.RES_SERVICE_INSTANCE_ID: {"stringValue": "proxy-b"},
+        sc.RES_HOST_NAME: {"stringValue": "h-proxy-b"},
+    }
+    parts: dict[str, list[Piece]] = {"push": [], "pull": []}
+    for piece in _pieces(gen.documents):
+        pid = int(_res_attr(piece[0], sc.RES_PROCESS_PID)["intValue"])
+        mode = "push" if pid < 2000 else "pull"  # `synthetic.generate`'s pids per mode
+        if mode == "pull" and _service(piece) == sc.SERVICE_PROXY:
+            piece = _moved(piece, **second)
+        parts[mode].append(piece)
+    d = tmp_path / "traces"
+    d.mkdir()
+    idx = AnalysisIndex([d])
+    for mode in ("pull", "push") if pull_first else ("push", "pull"):
+        with (d / "run.jsonl").open("a") as fh:
+            fh.writelines(map(_line, parts[mode]))
+        run = idx.update()
+        same(run, reference([d]))
+    refs = [x for x, o in run.clock_offsets.items() if o.reference]
+    assert refs == (["proxy-b"] if pull_first else [synthetic.PROXY_INSTANCE])
+    idx.close()

@@ -8,7 +8,8 @@ columns: one row per request, in `RunAnalysis.requests` order. The analysis inde
 stores the per-request part (`Row`) and fills the run-wide part (load bucket, TPOT
 breakdown) on each update; `RunColumns.from_requests` makes the same columns from
 objects (the plain `analyze()` path), so both paths compute the statistics with the
-same code.
+same code. `SlotColumns` keeps the rows by slot (one per trace, in the index), so an
+update writes the rows it (re)analysed and takes the run's columns with numpy.
 """
 
 from __future__ import annotations
@@ -115,53 +116,13 @@ class RunColumns:
         breakdowns: Sequence[dict[str, float] | None],
         loads: Sequence[int],
     ) -> RunColumns:
-        n = len(rows)
-        # rows by their phase names (a few shapes of critical path): one array each
-        shapes: dict[tuple[str, ...], list[int]] = {}
-        for i, row in enumerate(rows):
-            shapes.setdefault(row[13], []).append(i)
-        phases = {p: j for j, p in enumerate(dict.fromkeys(chain.from_iterable(shapes)))}
-        phase = np.zeros((n, len(phases)))
-        has = np.zeros((n, len(phases)), dtype=bool)
-        for names, at in shapes.items():
-            if names:
-                where = np.ix_(at, [phases[p] for p in names])
-                phase[where] = np.array([rows[i][14] for i in at], dtype=float)
-                has[where] = True
-        with_bd = [i for i, b in enumerate(breakdowns) if b and rows[i][5] is not None]
-        has_bd = np.zeros(n, dtype=bool)
-        has_bd[with_bd] = True
-        bd = np.zeros((n, len(TPOT_KEYS)))
-        if with_bd:
-            got = [breakdowns[i] or {} for i in with_bd]
-            bd[with_bd] = [[b.get(k, 0.0) for k in TPOT_KEYS] for b in got]
-        failed = np.array([row[12] for row in rows], dtype=bool).reshape(n)
-        return cls(
-            trace_id=list(trace_ids),
-            request_id=[row[0] for row in rows],
-            mode=[row[1] for row in rows],
-            bucket=list(buckets),
-            load_bucket=list(load_buckets),
-            load=list(loads),
-            prompt=[row[2] for row in rows],
-            output=[row[3] for row in rows],
-            error=[row[8] for row in rows],
-            ttft=np.array([row[4] for row in rows], dtype=float).reshape(n),  # None: NaN
-            tpot=np.array([row[5] for row in rows], dtype=float).reshape(n),
-            start=np.array([row[6] for row in rows], dtype=float).reshape(n),
-            complete=np.array([row[7] for row in rows], dtype=bool).reshape(n),
-            proxy_seen=np.array([row[9] for row in rows], dtype=bool).reshape(n),
-            failed=failed,
-            recovered=~failed & np.array([row[8] is not None for row in rows], bool).reshape(n),
-            sampler=[row[10] for row in rows],
-            ratio=[row[11] for row in rows],
-            problems=[row[15] for row in rows],
-            phases=list(phases),
-            phase=phase,
-            has_phase=has,
-            bd=bd,
-            has_bd=has_bd,
-        )
+        """The columns of `rows`, in this order (through `SlotColumns`: one code for the
+        plain path and the index)."""
+        slots = SlotColumns()
+        at = range(len(rows))
+        slots.write(at, trace_ids, rows, buckets)
+        slots.write_breakdowns(at, breakdowns)
+        return slots.take(np.arange(len(rows)), loads, load_buckets)
 
     @classmethod
     def from_requests(cls, requests: Iterable[Any]) -> RunColumns:
@@ -173,6 +134,42 @@ class RunColumns:
             [r.load_bucket for r in rs],
             [r.tpot_breakdown_ms for r in rs],
             [r.load for r in rs],
+        )
+
+    def take(self, rows: Sequence[int]) -> RunColumns:
+        """These rows, in this order: the columns of a part of the run (a time window),
+        as `from_requests` would make them of those requests."""
+        at = np.asarray(rows, dtype=np.intp)
+        keep = np.flatnonzero(self.has_phase[at].any(axis=0)) if len(at) else at[:0]
+
+        def pick(xs: list[Any]) -> list[Any]:
+            return [xs[i] for i in rows]
+
+        return RunColumns(
+            trace_id=pick(self.trace_id),
+            request_id=pick(self.request_id),
+            mode=pick(self.mode),
+            bucket=pick(self.bucket),
+            load_bucket=pick(self.load_bucket),
+            load=pick(self.load),
+            prompt=pick(self.prompt),
+            output=pick(self.output),
+            error=pick(self.error),
+            ttft=self.ttft[at],
+            tpot=self.tpot[at],
+            start=self.start[at],
+            complete=self.complete[at],
+            proxy_seen=self.proxy_seen[at],
+            failed=self.failed[at],
+            recovered=self.recovered[at],
+            sampler=pick(self.sampler),
+            ratio=pick(self.ratio),
+            problems=pick(self.problems),
+            phases=[self.phases[j] for j in keep.tolist()],
+            phase=self.phase[np.ix_(at, keep)],
+            has_phase=self.has_phase[np.ix_(at, keep)],
+            bd=self.bd[at],
+            has_bd=self.has_bd[at],
         )
 
     def sampling(self) -> sampling_mod.Sampling:
@@ -224,6 +221,169 @@ class RunColumns:
             dtype=bool,
             count=len(self),
         )
+
+
+# `RunColumns` fields read off a `Row` (field: position in the row)
+_OBJECTS = {"request_id": 0, "mode": 1, "prompt": 2, "output": 3, "error": 8, "sampler": 10,
+            "ratio": 11, "problems": 15}  # fmt: skip
+_FLOATS = {"ttft": 4, "tpot": 5, "start": 6}  # None: NaN
+_BOOLS = {"complete": 7, "proxy_seen": 9, "failed": 12}
+
+
+class SlotColumns:
+    """`RunColumns` rows by slot (the analysis index gives each trace one, its first-seen
+    seq): `write` sets the rows of the requests (re)analysed, `take` makes the columns
+    of any slots in any order with numpy, equal to `RunColumns.build` of those rows. So a
+    Live refresh writes its few new rows instead of rebuilding every request's."""
+
+    def __init__(self) -> None:
+        self._rows = 0  # capacity
+        self._obj = {k: np.empty(0, dtype=object) for k in ("trace_id", "bucket", *_OBJECTS)}
+        self._num = {
+            **{k: np.empty(0) for k in _FLOATS},
+            **{k: np.empty(0, bool) for k in (*_BOOLS, "recovered", "has_bd")},
+        }
+        self._shape = np.empty(0, dtype=np.intp)  # the row's phase names (`_shapes`)
+        self._has_tpot = np.empty(0, dtype=bool)
+        self._phase = np.zeros((0, 0))  # ms per phase (`_phases`' columns)
+        self._has_phase = np.zeros((0, 0), dtype=bool)
+        self._bd = np.zeros((0, len(TPOT_KEYS)))
+        self._shapes: dict[tuple[str, ...], int] = {}
+        self._phases: dict[str, int] = {}
+
+    def start(self, at: np.ndarray) -> np.ndarray:
+        """``start_unix_ms`` of the rows at `at` (the run's order goes by it)."""
+        return self._num["start"][at]
+
+    def write(
+        self,
+        slots: Iterable[int],
+        trace_ids: Sequence[str],
+        rows: Sequence[Row],
+        buckets: Sequence[str],
+    ) -> None:
+        """Set these slots' rows; their TPOT breakdowns are unset until
+        `write_breakdowns` (they depend on the row's TPOT)."""
+        at = np.fromiter(slots, dtype=np.intp, count=len(rows))
+        n = len(rows)
+        if not n:
+            return
+        self._fit(int(at.max()) + 1)
+        field = list(zip(*rows, strict=True))  # the rows by field
+        self._obj["trace_id"][at] = _objects(trace_ids, n)
+        self._obj["bucket"][at] = _objects(buckets, n)
+        for name, k in _OBJECTS.items():
+            self._obj[name][at] = _objects(field[k], n)
+        num = self._num
+        for name, k in _FLOATS.items():
+            num[name][at] = np.array(field[k], dtype=float)  # None: NaN
+        for name, k in _BOOLS.items():
+            num[name][at] = np.array(field[k], dtype=bool)
+        error = np.fromiter((e is not None for e in field[8]), dtype=bool, count=n)
+        num["recovered"][at] = ~num["failed"][at] & error
+        self._has_tpot[at] = np.fromiter((t is not None for t in field[5]), dtype=bool, count=n)
+        num["has_bd"][at] = False
+        self._bd[at] = 0.0
+        # rows by their phase names (a few shapes of critical path), written shape by shape
+        shapes: dict[tuple[str, ...], list[int]] = {}
+        for i, row in enumerate(rows):
+            shapes.setdefault(row[13], []).append(i)
+        self._phase[at] = 0.0
+        self._has_phase[at] = False
+        for names, idx in shapes.items():
+            where = at[idx]
+            self._shape[where] = self._shape_id(names)
+            values = chain.from_iterable(rows[i][14] for i in idx)
+            ms = np.fromiter(values, dtype=float, count=len(idx) * len(names))
+            for j, p in enumerate(names):
+                self._phase[where, self._phases[p]] = ms[j :: len(names)]
+                self._has_phase[where, self._phases[p]] = True
+
+    def write_breakdowns(
+        self, slots: Iterable[int], breakdowns: Sequence[dict[str, float] | None]
+    ) -> None:
+        """Set these slots' TPOT breakdowns (a request counts one only with a TPOT)."""
+        n = len(breakdowns)
+        at = np.fromiter(slots, dtype=np.intp, count=n)
+        if not n:
+            return
+        self._fit(int(at.max()) + 1)
+        has = np.array([bool(b) for b in breakdowns], dtype=bool) & self._has_tpot[at]
+        self._num["has_bd"][at] = has
+        self._bd[at] = 0.0
+        with_bd = np.flatnonzero(has).tolist()
+        if with_bd:
+            got = (breakdowns[i] or {} for i in with_bd)
+            values = (b.get(k, 0.0) for b in got for k in TPOT_KEYS)
+            n_values = len(with_bd) * len(TPOT_KEYS)
+            bd = np.fromiter(values, dtype=float, count=n_values).reshape(len(with_bd), -1)
+            self._bd[at[with_bd]] = bd
+
+    def take(
+        self, order: np.ndarray, loads: Sequence[int], load_buckets: Sequence[str]
+    ) -> RunColumns:
+        """The columns of the rows at `order`, in that order, with their run-wide load
+        and load bucket. Phases are listed as `build` lists them: in order of first
+        appearance, shape by shape."""
+        at = np.asarray(order, dtype=np.intp)
+        shape_ids, first = np.unique(self._shape[at], return_index=True)
+        names = list(self._shapes)
+        seen = (names[i] for i in shape_ids[np.argsort(first)].tolist())
+        phases = list(dict.fromkeys(chain.from_iterable(seen)))
+        cols = np.array([self._phases[p] for p in phases], dtype=np.intp)
+        return RunColumns(
+            **{name: a[at].tolist() for name, a in self._obj.items()},
+            **{name: a[at] for name, a in self._num.items()},
+            load_bucket=list(load_buckets),
+            load=list(loads),
+            phases=phases,
+            phase=self._phase.take(at, axis=0).take(cols, axis=1),
+            has_phase=self._has_phase.take(at, axis=0).take(cols, axis=1),
+            bd=self._bd[at],
+        )
+
+    def _shape_id(self, names: tuple[str, ...]) -> int:
+        """The id of one shape of critical path (its phase names), its phases given a
+        column each on first sight."""
+        sid = self._shapes.get(names)
+        if sid is None:
+            sid = self._shapes[names] = len(self._shapes)
+            for p in names:
+                if p not in self._phases:
+                    self._phases[p] = len(self._phases)
+            width = len(self._phases)
+            if width > self._phase.shape[1]:
+                self._phase = _resized(self._phase, self._rows, width)
+                self._has_phase = _resized(self._has_phase, self._rows, width)
+        return sid
+
+    def _fit(self, rows: int) -> None:
+        """Room for `rows` slots (doubling, so appends cost amortised O(1) each)."""
+        if rows <= self._rows:
+            return
+        rows = max(rows, 2 * self._rows, 1024)
+        self._rows = rows
+        self._obj = {k: _resized(a, rows) for k, a in self._obj.items()}
+        self._num = {k: _resized(a, rows) for k, a in self._num.items()}
+        self._shape = _resized(self._shape, rows)
+        self._has_tpot = _resized(self._has_tpot, rows)
+        self._phase = _resized(self._phase, rows, self._phase.shape[1])
+        self._has_phase = _resized(self._has_phase, rows, self._has_phase.shape[1])
+        self._bd = _resized(self._bd, rows, self._bd.shape[1])
+
+
+def _objects(values: Iterable[Any], n: int) -> np.ndarray:
+    """`values` as an object array, each value one element (tuples too)."""
+    return np.fromiter(values, dtype=object, count=n)
+
+
+def _resized(a: np.ndarray, rows: int, cols: int | None = None) -> np.ndarray:
+    """`a` with `rows` rows (and `cols` columns), the rest zero (None for objects)."""
+    out = np.zeros((rows,) if cols is None else (rows, cols), dtype=a.dtype)
+    if a.dtype == object:
+        out.fill(None)
+    out[tuple(slice(0, k) for k in a.shape)] = a
+    return out
 
 
 def columns_of(run: Any) -> RunColumns:

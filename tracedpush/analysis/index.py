@@ -18,8 +18,11 @@ after a few more lines) did it all again. The index does each once:
   moved; load, buckets and TPOT breakdowns, which depend on the whole run, are redone
   from the facts (TPOT breakdowns only when the engine steps or offsets changed). So
   results equal `analyze()` of the same spans request by request
-  (tests/unit/test_analysis_index.py), and an update costs time in proportion to the new
-  spans while the offsets hold still.
+  (tests/unit/test_analysis_index.py).
+* **Between updates** the run-wide parts (the skew evidence per resource pair, each
+  trace's facts and each request's columns, by slot) stay in memory (`index_live`): an
+  update writes the traces it touched and derives order, load and columns with numpy,
+  so it costs time in proportion to the new spans while the offsets hold still.
 
 ``spans=True`` results (span views, for Perfetto and the console's timeline) are made
 on demand for the requests asked (`AnalysisIndex.request`).
@@ -33,7 +36,6 @@ import os
 import pickle
 import sqlite3
 import sys
-from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -46,7 +48,8 @@ from tracedpush.analysis import skew, tpot
 from tracedpush.analysis import steps as steps_mod
 from tracedpush.analysis._gc import paused_gc
 from tracedpush.analysis.analyze import PROCESS_SPANS, request_analysis
-from tracedpush.analysis.columns import RunColumns, row_of
+from tracedpush.analysis.columns import row_of
+from tracedpush.analysis.index_live import TraceSlots
 from tracedpush.analysis.index_store import (
     SHARDS,
     Kept,
@@ -67,8 +70,6 @@ from tracedpush.analysis.timeline import (
     DEFAULT_LOAD_BUCKETS,
     LoadCounter,
     TraceIndex,
-    bucket_label,
-    load_label,
 )
 
 INDEX_DIRNAME = ".tracedpush-index"
@@ -78,8 +79,9 @@ PARALLEL_BYTES = 64 << 20  # trace bytes from which a cold build uses every core
 _COMPACT_AFTER = 16  # record segments before they are merged into one
 # the modules whose code decides what a kept result holds (`format_key`)
 _RESULT_MODULES = (
-    "analyze", "columns", "critical_path", "failures", "index", "index_build", "index_store",
-    "load", "model", "otlp", "phases", "results", "sampling", "skew", "steps", "timeline", "tpot",
+    "analyze", "columns", "critical_path", "failures", "index", "index_build", "index_live",
+    "index_store", "load", "model", "otlp", "phases", "results", "sampling", "skew", "steps",
+    "timeline", "tpot",
 )  # fmt: skip
 
 
@@ -167,6 +169,8 @@ class AnalysisIndex:
         self._stale_saved: list[str] = []
         self._kept_durations: dict[str, tuple[tuple[str, float], ...]] | None = None
         self._save_all = False  # every kept result changed (TPOT breakdowns redone)
+        self._slots: TraceSlots | None = None  # kept between updates (`index_live`)
+        self.last_rows_written = 0  # traces whose facts, row or TPOT the last update wrote
 
     # ------------------------------------------------------------------ storage
     def _connect(self) -> sqlite3.Connection:
@@ -222,6 +226,7 @@ class AnalysisIndex:
         for (blob,) in db.execute("SELECT v FROM kept ORDER BY seg"):
             kept.update({tid: load(t) for tid, t in marshal.loads(blob).items()})
         self._state, self._kept = state, kept
+        self._slots = None
         self._index_resources()
         self.rebuilt = False
 
@@ -240,6 +245,7 @@ class AnalysisIndex:
         self._process = None
         self._steps = None
         self._tpot = None
+        self._slots = None
         self._index_resources()
         self.rebuilt = True
 
@@ -445,61 +451,52 @@ class AnalysisIndex:
         return facts
 
     def _offsets(self, order: list[tuple[str, Kept]]) -> tuple[dict[str, ClockOffset], dict]:
-        """The run's clock offsets from the kept pairs (`analyze`'s estimate, exactly)."""
+        """The run's clock offsets from the kept pairs of `order` (every trace), made
+        afresh: `index_build` asks before the results exist, so the slots `_analyse`
+        keeps are made again from the kept facts when next used."""
         state = self._state
         assert state is not None
-        used: dict[int, None] = {}
-        for _tid, k in order:
-            used.update(dict.fromkeys(k.facts.res))
-        resources = [state.resources[i] for i in used]
-        dom = skew.domains(resources)
-        label = {i: dom[state.resources[i]] for i in used}
-        roots = Counter(label[k.facts.root_res] for _t, k in order if k.facts.root_res is not None)
-        if roots:
-            ref = roots.most_common(1)[0][0]
+        slots = TraceSlots(self.buckets, self.load_buckets)
+        slots.put_facts(order)
+        self._slots = None
+        return slots.offsets(state.resources, self.skew_policy)
+
+    def _trace_slots(self, changed: dict[str, list[Span]]) -> TraceSlots:
+        """The kept traces by slot with the changed ones written: made from every kept
+        trace when the index was just opened or built, else updated."""
+        slots = self._slots
+        if slots is None:
+            slots = self._slots = TraceSlots(self.buckets, self.load_buckets)
+            everything = list(self._kept.items())
+            slots.put_facts(everything)
+            slots.put_rows(everything)
+            slots.put_tpot([k for _t, k in slots.requests()])
         else:
-            labels: Counter[str] = Counter()
-            for _t, k in order:
-                for r, n in zip(k.facts.res, k.facts.res_counts, strict=True):
-                    labels[label[r]] += n
-            ref = labels.most_common(1)[0][0] if labels else ""
-        offsets: dict[str, ClockOffset] = {}
-        if ref:
-            w: dict[tuple[str, str], int] = {}
-            n: dict[str, int] = {}
-            for _t, k in order:
-                for a, b, slack in k.facts.pairs:
-                    da, db = label[a], label[b]
-                    if da == db:
-                        continue
-                    key = (da, db)
-                    cur = w.get(key)
-                    if cur is None or slack < cur:
-                        w[key] = slack
-                    n[da] = n.get(da, 0) + 1
-                    n[db] = n.get(db, 0) + 1
-            offsets = skew.estimate_edges(skew.Edges(w, n), dom, ref, self.skew_policy)
-        return offsets, label
+            slots.touched.clear()
+            slots.put_facts([(t, self._kept[t]) for t in changed])
+        return slots
 
     def _analyse(self, changed: dict[str, list[Span]]) -> RunAnalysis:
         state = self._state
         assert state is not None
-        order = sorted(self._kept.items(), key=lambda kv: kv[1].facts.seq)
+        slots = self._trace_slots(changed)
         if changed or state.offsets is None or state.offsets[0] != self.skew_policy:
-            state.offsets = (self.skew_policy, *self._offsets(order))
+            state.offsets = (self.skew_policy, *slots.offsets(state.resources, self.skew_policy))
         offsets, label = state.offsets[1], state.offsets[2]
         applied = {x: (o.offset_ms if self.correct_skew else 0.0) for x, o in offsets.items()}
         off = [0] * len(state.resources)
         for i, lab in label.items():
             off[i] = round(applied.get(lab, 0.0) * 1e6)
         self._off_ns = off
-        if off == state.off:  # every kept result has these offsets: only new spans count
+        # every kept result has these offsets (resources new since the last update are
+        # only in traces that changed): only new spans count
+        if state.off is not None and off[: len(state.off)] == state.off:
             stale = [tid for tid in changed if self._kept[tid].facts.res]
             stale.sort(key=lambda t: self._kept[t].facts.seq)
         else:
             stale = [
                 tid
-                for tid, k in order
+                for tid, k in slots.traces()
                 if k.facts.res
                 and (tid in changed or k.offsets != tuple(off[r] for r in k.facts.res))
             ]
@@ -516,79 +513,50 @@ class AnalysisIndex:
             k.offsets = tuple(off[r] for r in k.facts.res)
         self.last_reanalysed = len(stale)
         self._stale_saved = stale
-        roots = [k.facts.root_iv for _t, k in order if k.facts.root_iv is not None]
-        starts = np.sort(np.array([iv[0] for iv in roots], dtype=np.int64))
-        ends = np.sort(np.array([iv[1] for iv in roots], dtype=np.int64))
+        slots.put_rows([(t, self._kept[t]) for t in stale])
         # TPOT breakdowns hold while the engine steps and offsets do: only new results
         # need one (splitting a decode window over D's steps costs ~1 ms per request)
         steps_key = (state.process_version, sorted(applied.items()))
-        redo = None if state.tpot_key != steps_key else set(stale)
-        # the requests in `analyze`'s order: first seen, then (stably) by start
-        entries = [(tid, k) for tid, k in order if k.row is not None and k.facts.res]
-        entries.sort(key=lambda e: e[1].row[6])  # type: ignore[index]
-        # requests in flight at each root's start (`LoadCounter.at`, over arrays)
-        seen = [k.facts.root_iv is not None and k.facts.root_res is not None for _t, k in entries]
-        at = np.array([k.facts.root_iv[0] for _t, k in entries if k.facts.root_iv], np.int64)
-        in_flight = iter(
-            (np.searchsorted(starts, at, "right") - np.searchsorted(ends, at, "right")).tolist()
-        )
-        loads, load_bks, bks = [], [], []
+        redo_all = state.tpot_key != steps_key
+        todo = slots.requests() if redo_all else [(t, self._kept[t]) for t in stale]
         facts: dict[str, tuple[int, str | None]] = {}
         todo_tpot: list[_TpotRequest] = []
-        load_label_of: dict[int, str] = {}
-        bucket_of: dict[int | None, str] = {}
-        for (tid, k), root in zip(entries, seen, strict=True):
-            f, row = k.facts, k.row
-            assert row is not None
-            todo = redo is None or tid in redo
-            if todo:
-                k.tpot = None
-            n = next(in_flight) if f.root_iv is not None else 0
-            if root:
-                assert f.root_iv is not None and f.root_res is not None
-                loads.append(n)
-                lb = load_label_of.get(n)
-                if lb is None:
-                    lb = load_label_of[n] = load_label(n, self.load_buckets)
-                load_bks.append(lb)
-                if todo:
-                    facts[tid] = (f.root_iv[0] - off[f.root_res], f.engine)
-                    todo_tpot.append(_TpotRequest(tid, row, k))
-            else:
-                loads.append(0)
-                load_bks.append("unknown")
-            b = bucket_of.get(row[2])
-            if b is None:
-                b = bucket_of[row[2]] = bucket_label(row[2], self.buckets)
-            bks.append(b)
-        engine_steps = self._engine_steps(order, label, applied)
+        for tid, k in todo:
+            k.tpot = None
+            f = k.facts
+            if f.root_iv is not None and f.root_res is not None:
+                facts[tid] = (f.root_iv[0] - off[f.root_res], f.engine)
+                todo_tpot.append(_TpotRequest(tid, k.row, k))  # type: ignore[arg-type]
+        engine_steps = self._engine_steps(label, applied)
         if todo_tpot:  # what TPOT breakdowns need of the steps, kept beside them
             attach_tpot(todo_tpot, facts, self._tpot_steps(steps_key, engine_steps))
         for q in todo_tpot:
             q.kept.tpot = q.tpot_breakdown_ms
-        self._save_all = redo is None
+        slots.put_tpot([k for _t, k in todo])
+        self._save_all = redo_all
         state.tpot_key = steps_key
-        tids = [tid for tid, _k in entries]
-        kept = [k for _tid, k in entries]
-        tpots = [k.tpot for k in kept]
+        self.last_rows_written = len(slots.touched)
+        # the requests in `analyze`'s order, each's `Kept` and TPOT breakdown as of now
+        order, cols = slots.run_columns()
+        kept, tpots = slots.kept[order], slots.tpot[order]
 
         def results(positions: list[int]) -> list[RequestAnalysis]:
             """The requests at `positions`, with this update's run-wide fields."""
-            got = self._load_results([tids[i] for i in positions if kept[i].result is None])
+            ids = cols.trace_id
+            got = self._load_results([ids[i] for i in positions if kept[i].result is None])
             out = []
             for i in positions:
                 k = kept[i]
                 r = k.result
                 if r is None:
-                    r = k.result = got[tids[i]]
-                r.load, r.load_bucket, r.bucket = loads[i], load_bks[i], bks[i]
+                    r = k.result = got[ids[i]]
+                r.load, r.load_bucket, r.bucket = cols.load[i], cols.load_bucket[i], cols.bucket[i]
                 r.tpot_breakdown_ms = tpots[i]
                 out.append(r)
             return out
 
-        cols = RunColumns.build(tids, [k.row for k in kept], bks, load_bks, tpots, loads)  # type: ignore[misc]
         return RunAnalysis(
-            requests=LazyRequests(len(entries), results),  # type: ignore[arg-type]
+            requests=LazyRequests(len(order), results),  # type: ignore[arg-type]
             clock_offsets=offsets,
             stats=state.stats,
             skew_corrected=self.correct_skew,
@@ -601,7 +569,7 @@ class AnalysisIndex:
         )
 
     def _engine_steps(
-        self, order: list[tuple[str, Kept]], label: dict[int, str], applied: dict[str, float]
+        self, label: dict[int, str], applied: dict[str, float]
     ) -> steps_mod.EngineSteps | LazySteps:
         """The run's engine steps on the proxy clock, kept until per-process spans arrive
         or the offsets move (parsing every step again cost more than a warm report).
@@ -616,7 +584,7 @@ class AnalysisIndex:
         if derived is not None and derived[0] == key:
             return LazySteps(lambda: self._kept_steps(key), derived[1], derived[2])
         used = [state.resources[i] for i in label]
-        placed = steps_mod.placed(self._process_spans(order), used, applied)
+        placed = steps_mod.placed(self._process_spans(), used, applied)
         self._process = None  # their spans: GBs at 200,000 requests; read again if needed
         self._steps = (key, placed)
         self._tpot = (key, TpotSteps(placed))
@@ -653,9 +621,10 @@ class AnalysisIndex:
             self._steps = kept
         return self._steps[1]
 
-    def _process_spans(self, order: list[tuple[str, Kept]]) -> list[Span]:
+    def _process_spans(self) -> list[Span]:
         if self._process is None:
-            tids = [t for t, k in order if k.facts.process]
+            assert self._slots is not None
+            tids = self._slots.process_traces()
             loaded = self._load_spans(tids)
             self._process = [s for t in tids for s in loaded.get(t, ()) if s.name in PROCESS_SPANS]
         return self._process
@@ -748,6 +717,13 @@ class AnalysisIndex:
                 tid = r.trace_id
                 out += [(tid, r.request_id, r.mode, n, ms) for n, ms in self._durations(tid)]
         return out
+
+    def skew_edges(self) -> skew.Edges:
+        """The clock-skew evidence between clock domains the last update estimated the
+        offsets from: `skew.collect` of every kept trace, kept between updates."""
+        assert self._state is not None and self._state.offsets is not None
+        slots = self._slots if self._slots is not None else self._trace_slots({})
+        return slots.evidence().edges(self._state.offsets[2])
 
     def _durations(self, tid: str) -> tuple[tuple[str, float], ...]:
         """(name, ms) of a trace's request spans: made with its facts, else kept."""

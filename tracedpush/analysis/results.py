@@ -135,6 +135,12 @@ class LazyRequests(Sequence["RequestAnalysis"]):
     def loaded(self) -> int:
         return sum(r is not None for r in self._items)
 
+    def view(self, positions: Sequence[int]) -> LazyRequests:
+        """The requests at `positions` as a sequence of their own, read through this one
+        (each still made once)."""
+        at = list(positions)
+        return LazyRequests(len(at), lambda ps: self.some([at[i] for i in ps]))
+
 
 class LazySteps:
     """A run's `EngineSteps` read on first use (from the analysis index: a warm report
@@ -174,7 +180,9 @@ class RunAnalysis:
     skew_policy: str = "midpoint"
     # per-process step traces (engine.steps / engine.threads), placed on the proxy clock
     engine_steps: EngineSteps | None = field(default=None, repr=False)
-    _index: dict[str, int] = field(default_factory=dict, repr=False)
+    # position by request id and trace id, made on the first `get` (a Live refresh of a
+    # 200,000-request run would otherwise build it in Python for nothing)
+    _index: dict[str, int] | None = field(default=None, repr=False, compare=False)
     # `columns.RunColumns` of `requests` (given by the analysis index, or `columns_of`)
     _columns: Any = field(default=None, repr=False, compare=False)
     _columns_of: Any = field(default=None, repr=False, compare=False)
@@ -182,10 +190,15 @@ class RunAnalysis:
     def __post_init__(self) -> None:
         if self._columns is not None:
             self._columns_of = self.requests
-        self._reindex()
 
     def _reindex(self) -> None:
+        """Forget the positions (the requests were replaced): `get` makes them again."""
+        self._index = None
+
+    def _positions(self) -> dict[str, int]:
         """Position of each request by request id (the first) and trace id."""
+        if self._index is not None:
+            return self._index
         cols = self._lazy()
         if cols is not None:
             tids, rids = cols.trace_id, cols.request_id
@@ -197,6 +210,7 @@ class RunAnalysis:
             index.setdefault(rid, i)
         index.update(zip(tids, range(len(tids)), strict=True))
         self._index = index
+        return index
 
     def columns(self) -> Any | None:
         """The requests' numbers as columns (`columns.RunColumns`) when known: given by
@@ -215,9 +229,10 @@ class RunAnalysis:
 
     def get(self, key: str) -> RequestAnalysis | None:
         """A request by trace id or by base request id."""
-        i = self._index.get(key)
+        index = self._positions()
+        i = index.get(key)
         if i is None:
-            i = self._index.get(key.lower())
+            i = index.get(key.lower())
         return None if i is None else self.requests[i]
 
     def by_mode(self, mode: str) -> list[RequestAnalysis]:
@@ -240,6 +255,29 @@ class RunAnalysis:
         # longest first, ties in run order (a stable sort, as `sorted(reverse=True)`)
         top = rows[np.argsort(-cols.ttft[rows], kind="stable")[:n]].tolist()
         return self._at(top)
+
+    def subset(self, positions: list[int]) -> RunAnalysis:
+        """The requests at `positions` as a run of their own, with this run's clock
+        offsets, stats and buckets (a time window, a selection), for `compare` and the
+        rest. From the analysis index the subset keeps its columns and reads requests on
+        demand, so its statistics cost numpy over its rows, not a read of each request."""
+        cols = self._lazy()
+        requests: Any = (
+            self.requests.view(positions)
+            if isinstance(self.requests, LazyRequests)
+            else self._at(positions)
+        )
+        return RunAnalysis(
+            requests=requests,
+            clock_offsets=self.clock_offsets,
+            stats=self.stats,
+            skew_corrected=self.skew_corrected,
+            buckets=self.buckets,
+            load_buckets=self.load_buckets,
+            source=self.source,
+            skew_policy=self.skew_policy,
+            _columns=None if cols is None else cols.take(positions),
+        )
 
     def _at(self, positions: list[int]) -> list[RequestAnalysis]:
         if isinstance(self.requests, LazyRequests):
