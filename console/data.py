@@ -96,7 +96,7 @@ class Snapshot:
             return self.run
         keep = None if trace_ids is None else set(trace_ids)
         chosen = [r for r in self.run.requests if keep is None or r.trace_id in keep]
-        return self._subset(self.with_spans(chosen))
+        return self.run.of(self.with_spans(chosen))
 
     def with_spans(self, requests: list[Any]) -> list[Any]:
         """`full` for many requests at once (one read of the index)."""
@@ -162,20 +162,11 @@ class Snapshot:
         clock offsets and buckets), so ``analysis.compare`` can summarise just them."""
         cols = self._columns()
         if cols is None:
-            return self._subset([r for r in self.run.requests if r.start_unix_ms >= since_unix_ms])
-        return self.run.subset((cols.start >= since_unix_ms).nonzero()[0].tolist())
-
-    def _subset(self, requests: list[Any]) -> Any:
-        """`requests` as a RunAnalysis of this run's offsets, stats and buckets."""
-        return analysis.RunAnalysis(
-            requests=requests,
-            clock_offsets=self.run.clock_offsets,
-            stats=self.run.stats,
-            skew_corrected=self.run.skew_corrected,
-            buckets=self.run.buckets,
-            load_buckets=self.run.load_buckets,
-            source=self.run.source,
-        )
+            starts = (r.start_unix_ms for r in self.run.requests)
+            recent = [i for i, t in enumerate(starts) if t >= since_unix_ms]
+        else:
+            recent = (cols.start >= since_unix_ms).nonzero()[0].tolist()
+        return self.run.subset(recent)
 
     @property
     def engine_steps(self) -> Any | None:

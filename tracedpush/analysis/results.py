@@ -257,18 +257,20 @@ class RunAnalysis:
         return self._at(top)
 
     def subset(self, positions: list[int]) -> RunAnalysis:
-        """The requests at `positions` as a run of their own, with this run's clock
-        offsets, stats and buckets (a time window, a selection), for `compare` and the
-        rest. From the analysis index the subset keeps its columns and reads requests on
-        demand, so its statistics cost numpy over its rows, not a read of each request."""
+        """The requests at `positions` as a run of their own (`of`): a time window, a
+        selection. From the analysis index the subset keeps its columns and reads
+        requests on demand, so its statistics cost numpy over its rows, not a read of
+        each request."""
         cols = self._lazy()
-        requests: Any = (
-            self.requests.view(positions)
-            if isinstance(self.requests, LazyRequests)
-            else self._at(positions)
-        )
+        if cols is None:
+            return self.of(self._at(positions))
+        return self.of(self.requests.view(positions), cols.take(positions))  # type: ignore[attr-defined]
+
+    def of(self, requests: Sequence[RequestAnalysis], columns: Any = None) -> RunAnalysis:
+        """`requests` (and their `columns`, if known) as a run with this run's clock
+        offsets, stats, buckets and source, for `compare` and the rest."""
         return RunAnalysis(
-            requests=requests,
+            requests=requests,  # type: ignore[arg-type]
             clock_offsets=self.clock_offsets,
             stats=self.stats,
             skew_corrected=self.skew_corrected,
@@ -276,7 +278,7 @@ class RunAnalysis:
             load_buckets=self.load_buckets,
             source=self.source,
             skew_policy=self.skew_policy,
-            _columns=None if cols is None else cols.take(positions),
+            _columns=columns,
         )
 
     def _at(self, positions: list[int]) -> list[RequestAnalysis]:
