@@ -18,8 +18,10 @@ so its wall time and peak RSS (`wait4`) are its own: ``cold`` (no index: reads e
 span and builds the index), ``warm`` (index present, nothing new), ``warm+0.1%`` (0.1%
 more requests appended first), and with ``--baseline`` today's ``--no-index`` path. Then,
 in this process, one `AnalysisIndex` follows appends of 0.01%, 0.1% and 1% more requests
-(a Live refresh: its cost should follow the new spans, not the run). Figures are printed
-and written to docs/benchmarks/report.json.
+(a Live refresh: its cost should follow the new spans, not the run), and another one
+follows a live run with its engine steps: new requests with the ``engine.steps`` and
+``engine.threads`` spans of the same time, appended to the engines' own (growing)
+process traces. Figures are printed and written to docs/benchmarks/report.json.
 
     python benchmarks/bench_report.py --requests 200000 [--baseline] [--keep DIR]
 """
@@ -31,6 +33,7 @@ import gzip
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -273,6 +276,19 @@ def _report(directory: Path, *extra: str) -> dict[str, Any]:
     }
 
 
+def _end_s(directory: Path) -> float:
+    """The latest span end of the run's files (Unix s), read from each file's tail."""
+    end = 0
+    for f in directory.rglob("*.jsonl"):
+        if ".tracedpush-index" in f.parts:
+            continue
+        with f.open("rb") as fh:
+            fh.seek(max(f.stat().st_size - (4 << 20), 0))
+            for m in re.finditer(rb'"endTimeUnixNano":"?(\d+)', fh.read()):
+                end = max(end, int(m.group(1)))
+    return end / 1e9
+
+
 def _spans_bytes(directory: Path) -> tuple[int, int]:
     files = [f for f in directory.rglob("*.jsonl") if ".tracedpush-index" not in f.parts]
     size = sum(f.stat().st_size for f in files)
@@ -303,6 +319,60 @@ def _live(directory: Path, grow: Replayer, total: int) -> list[dict[str, Any]]:
                 "new_spans": idx.last_new,
                 "reanalysed": idx.last_reanalysed,
                 "update_s": round(dt, 3),
+            }
+        )
+    idx.close()
+    return out
+
+
+def _live_steps(directory: Path, start_s: float) -> list[dict[str, Any]]:
+    """One index following a live run with its engine steps: each update appends new
+    requests and the ``engine.steps`` / ``engine.threads`` spans their engines recorded
+    meanwhile, into the engines' own process traces (which a running deployment grows
+    all run). Made by a synthetic run of the same engines (same process trace ids, new
+    span ids) after the run's end, cut by time."""
+    from tracedpush.analysis.index import AnalysisIndex
+    from tracedpush.testing import synthetic
+
+    sizes = (60, 240, 2_040)
+    gen = synthetic.generate(sum(sizes), seed=7, start_unix_s=start_s)
+    starts = sorted(r.start_unix_ns for r in gen.requests)
+    cuts = [starts[sum(sizes[: i + 1]) - 1] + 1 for i in range(len(sizes) - 1)]
+    out_dir = directory / "grown-steps"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    slices: list[dict[str, list[str]]] = [{} for _ in sizes]
+    for name, docs in gen.files.items():
+        for doc in docs:
+            for rs in doc["resourceSpans"]:
+                for ss in rs["scopeSpans"]:
+                    for sp in ss["spans"]:
+                        one = {**rs, "scopeSpans": [{**ss, "spans": [sp]}]}
+                        i = sum(int(sp["endTimeUnixNano"]) > c for c in cuts)
+                        line = json.dumps({"resourceSpans": [one]}, separators=(",", ":"))
+                        slices[i].setdefault(name, []).append(line)
+    del gen
+    idx = AnalysisIndex([directory])
+    t0 = time.perf_counter()
+    idx.update()
+    out: list[dict[str, Any]] = [
+        {"appended_requests": 0, "update_s": round(time.perf_counter() - t0, 3)}
+    ]
+    for n, part in zip(sizes, slices, strict=True):
+        steps = sum(1 for lines in part.values() for ln in lines if '"engine.steps"' in ln)
+        for name, lines in part.items():
+            (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
+            with (out_dir / name).open("a") as fh:
+                fh.write("\n".join(lines) + "\n")
+        t0 = time.perf_counter()
+        idx.update()
+        out.append(
+            {
+                "appended_requests": n,
+                "new_spans": idx.last_new,
+                "new_engine_steps_spans": steps,
+                "reanalysed": idx.last_reanalysed,
+                "tpot_redone": idx.last_tpot_redone,
+                "update_s": round(time.perf_counter() - t0, 3),
             }
         )
     idx.close()
@@ -340,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     reuse = bool(args.keep and (args.reuse or args.extend) and (args.keep / "real").is_dir())
     if args.keep:
         d = args.keep
-        for old in (d / ".tracedpush-index", d / "grown"):
+        for old in (d / ".tracedpush-index", d / "grown", d / "grown-steps"):
             shutil.rmtree(old, ignore_errors=True)
         if d.exists() and not reuse:
             shutil.rmtree(d)
@@ -387,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
         live = _live(d, grow, args.requests)
         for row in live:
             print("live", row, flush=True)
+        live_steps = _live_steps(d, _end_s(d) + 600.0)
+        for row in live_steps:
+            print("live with engine steps", row, flush=True)
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -407,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         "met": met if args.requests >= TARGET_REQUESTS else None,
         "stages": stages,
         "live_refresh": live,
+        "live_refresh_with_engine_steps": live_steps,
         "machine": {
             "python": platform.python_version(),
             "cpus": os.cpu_count(),

@@ -13,8 +13,7 @@ import pytest
 from test_analysis_index import same, same_columns
 from test_analysis_sampling import with_sampler
 
-from tracedpush.analysis import TraceStore, analyze, compare
-from tracedpush.analysis import index as index_mod
+from tracedpush.analysis import TraceStore, analyze, compare, index_steps
 from tracedpush.analysis.columns import RunColumns, SlotColumns, row_of
 from tracedpush.analysis.compare import ALL, percentile
 from tracedpush.analysis.index import AnalysisIndex
@@ -154,7 +153,7 @@ def test_a_sampled_run_through_the_index(tmp_path: Path) -> None:
 def test_breakdown_over_arrays_equals_the_step_walk(
     tmp_path: Path, gen: synthetic.SyntheticRun
 ) -> None:
-    """`index._breakdown` against `tpot.breakdown` on random windows of D's steps, some
+    """`index_steps.breakdown` against `tpot.breakdown` on random windows of D's steps, some
     starting or ending inside steps, some empty or outside every step."""
     from tracedpush.analysis.tpot import breakdown
 
@@ -164,7 +163,7 @@ def test_breakdown_over_arrays_equals_the_step_walk(
     rng = random.Random(4)
     checked = 0
     for eid, steps in store.steps.items():
-        arr = index_mod._StepArrays(steps)
+        arr = index_steps.StepArrays(store.columns[eid])
         if not arr.worker.any():
             continue
         solo = store.solo_forward_us(eid)
@@ -177,7 +176,7 @@ def test_breakdown_over_arrays_equals_the_step_walk(
                 want = breakdown(store, eid, t0, t1, tp, tokens, solo_us=s_us)
                 if s_us is None and solo is not None:
                     continue  # breakdown looks the solo cost up itself when given None
-                assert index_mod._breakdown(arr, t0, t1, tp, tokens, s_us) == want
+                assert index_steps.breakdown(arr, t0, t1, tp, tokens, s_us) == want
                 checked += 1
     assert checked > 300
 

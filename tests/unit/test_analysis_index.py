@@ -454,6 +454,75 @@ def test_an_update_writes_the_new_traces_not_the_run(tmp_path: Path) -> None:
     idx.close()
 
 
+def test_growing_process_traces_parse_only_new_steps(tmp_path: Path, monkeypatch) -> None:
+    """A live run: each engine process's trace of ``engine.steps`` and ``engine.threads``
+    spans grows with every update, beside new requests. An update stores and parses only
+    the process spans that arrived (not the trace so far); it splits again only the TPOT
+    of requests whose decode window meets steps that changed, unless an engine's solo
+    forward cost moved (it scales every breakdown); and the run still equals `analyze()`
+    of every span so far, also warm and after `close`."""
+    from tracedpush.analysis import steps as steps_mod
+
+    one_host = dict.fromkeys(UNTIED, "h")  # one clock: offsets that hold still
+    gen = synthetic.generate(160, seed=13, batch=4, modes=("push",), hosts=one_host)
+    pieces = _pieces(gen.documents)
+    roots = sorted(
+        int(p[2]["startTimeUnixNano"]) for p in pieces if p[2]["name"] == sc.SPAN_REQUEST
+    )
+    cuts = roots[20::20]
+    stages: list[list[Piece]] = [[] for _ in range(len(cuts) + 1)]
+    for piece in pieces:
+        stages[sum(int(piece[2]["endTimeUnixNano"]) > c for c in cuts)].append(piece)
+    parsed: list[str] = []
+    real = steps_mod._span_columns
+
+    def counting(span, origin):
+        parsed.append(span.span_id)
+        return real(span, origin)
+
+    monkeypatch.setattr(steps_mod, "_span_columns", counting)
+    d = tmp_path / "traces"
+    d.mkdir()
+    idx = AnalysisIndex([d], index_dir=tmp_path / "index")
+    solo_was, fewer = None, 0
+    for i, part in enumerate(stages):
+        with (d / "run.jsonl").open("a") as fh:
+            fh.writelines(map(_line, part))
+        parsed.clear()
+        run = idx.update()
+        new_steps = [p[2]["spanId"] for p in part if p[2]["name"] == sc.SPAN_ENGINE_STEPS]
+        assert sorted(parsed) == sorted(new_steps), i  # only what arrived
+        want = reference([d])
+        same(run, want)
+        solo = {e: want.engine_steps.solo_forward_us(e) for e in want.engine_steps.columns}
+        if i and solo == solo_was:  # the steps before the last update's end hold still
+            assert idx.last_tpot_redone < len(run.requests), i
+            fewer += 1
+            other = AnalysisIndex([d], index_dir=tmp_path / "index")  # what it stored
+            same(other.update(), want)
+            other.close()
+        elif i:
+            assert idx.last_tpot_redone == len(run.requests), i
+        solo_was = solo
+        if i:
+            db = idx.span_db(0), idx.span_db(1)
+            assert sum(x.execute("SELECT count(*) FROM more").fetchone()[0] for x in db) > 0
+    assert fewer >= 2
+
+    def steps(store: Any) -> dict[str, list[dict]]:
+        return {e: [s.to_json() for s in store.steps[e]] for e in store.columns}
+
+    # the steps themselves are written on `close`: an index opened before reads them anew
+    unsaved = AnalysisIndex([d], index_dir=tmp_path / "index")
+    assert steps(unsaved.update().engine_steps) == steps(want.engine_steps)
+    unsaved.close()
+    idx.close()
+    warm = AnalysisIndex([d], index_dir=tmp_path / "index")
+    same(warm.update(), reference([d]))
+    assert steps(warm.update().engine_steps) == steps(want.engine_steps)
+    warm.close()
+
+
 @pytest.mark.parametrize("pull_first", [False, True])
 def test_tied_proxies_keep_the_first_seen_reference(tmp_path: Path, pull_first: bool) -> None:
     """Two proxies (one per mode, own hosts) with as many requests each: the reference

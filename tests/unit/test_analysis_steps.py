@@ -192,3 +192,191 @@ def test_tpot_difference_per_load(run) -> None:
     assert top and all(k in KEYS for k, _ in top)
     js = g.to_json()["tpot_account"]
     assert [m["mechanism"] for m in js["mechanisms"]] == list(KEYS)
+
+
+# ------------------------------------------------------------------ columns = objects
+# The object implementation the columns replaced (`steps_from_span`, `join`, and the
+# placement, summary and solo cost as they were), kept here as the reference.
+
+
+def _reference(spans, offset_ns=None) -> dict:
+    from tracedpush.analysis.steps import _engine
+
+    sched: dict = {}
+    work: dict = {}
+    for s in spans:
+        if s.name == sc.SPAN_ENGINE_STEPS:
+            side, st = steps_from_span(s)
+            (work if side == "worker" else sched).setdefault(_engine(s), []).extend(st)
+    out = {e: join(sched.get(e, ()), work.get(e, ())) for e in sorted(set(sched) | set(work))}
+    if offset_ns is not None:
+        for steps in out.values():
+            for st in steps:
+                off = offset_ns(st.domain)
+                st.start_ns -= off
+                st.end_ns -= off
+                if st.scheduled_ns is not None:
+                    st.scheduled_ns -= off
+            steps.sort(key=lambda s: (s.start_ns, s.seq))
+    return out
+
+
+def _reference_solo(steps) -> float | None:
+    from statistics import median
+
+    solo = [
+        float(s.forward_us)
+        for s in steps
+        if s.has_worker
+        and s.decode_reqs == 1
+        and (s.prefill_tokens or 0) == 0
+        and s.num_reqs in (None, 1)
+    ]
+    if solo:
+        return float(median(solo))
+    busy = [
+        float(s.forward_us)
+        for s in steps
+        if s.forward_us is not None
+        and (
+            (s.num_reqs is not None and s.num_reqs > 0) or (s.num_reqs is None and s.forward_us > 0)
+        )
+    ]
+    return min(busy) if busy else None
+
+
+_PARTS = (("bind", "bind_us"), ("start_load_kv", "load_us"), ("wait_for_save", "save_us"),
+          ("results", "results_us"))  # fmt: skip
+
+
+def _reference_summary(steps, role: str, host: str) -> dict:
+    from statistics import median
+
+    work = [s for s in steps if s.has_worker]
+    durs = [s.duration_us or 0 for s in work]
+    busy = [s for s in work if s.num_reqs is None or s.num_reqs > 0]
+    conn = sum(s.connector_us or 0 for s in work)
+    total = sum(durs)
+    solo = _reference_solo(steps)
+    return {
+        "role": role,
+        "host": host,
+        "steps": len(steps),
+        "worker_steps": len(work),
+        "scheduler_steps": sum(1 for s in steps if s.has_scheduler),
+        "joined_steps": sum(1 for s in steps if s.has_scheduler and s.has_worker),
+        "busy_steps": len(busy),
+        "median_step_ms": round(median(durs) / 1000.0, 4) if durs else None,
+        "median_busy_step_ms": (
+            round(median(s.duration_us or 0 for s in busy) / 1000.0, 4) if busy else None
+        ),
+        "solo_forward_ms": None if solo is None else round(solo / 1000.0, 4),
+        "step_ms_total": round(total / 1000.0, 4),
+        "connector_ms_total": round(conn / 1000.0, 4),
+        "connector_share": round(conn / total, 4) if total else None,
+        "connector_parts_ms": {
+            k: round(sum(getattr(s, f) or 0 for s in work) / 1000.0, 4) for k, f in _PARTS
+        },
+        "prefill_tokens": sum(s.prefill_tokens or 0 for s in steps),
+        "loads_started": sum(s.loads_started or 0 for s in work),
+        "loads_finished": sum(s.loads_finished or 0 for s in work),
+    }
+
+
+def _same_as_reference(store: EngineSteps, want: dict) -> None:
+    assert list(store.steps) == list(want)
+    for eid, steps in want.items():
+        got = store.steps[eid]
+        assert [s.to_json() for s in got] == [s.to_json() for s in steps]
+        assert [(s.role, s.host, s.domain) for s in got] == [
+            (s.role, s.host, s.domain) for s in steps
+        ]
+        assert store.solo_forward_us(eid) == _reference_solo(steps)
+        info = store.engines[eid]
+        assert store.summary()[eid] == _reference_summary(steps, info.role, info.host)
+
+
+def _spread_docs(gen: synthetic.SyntheticRun, shift_s: int) -> list[dict]:
+    """`gen`'s documents with a second copy `shift_s` later (an engine restarted under
+    the same id: its seq numbers repeat)."""
+    import copy
+
+    later = copy.deepcopy(gen.documents)
+    for doc in later:
+        for rs in doc["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                for s in ss["spans"]:
+                    for a in s.get("attributes", ()):
+                        if a["key"] == sc.STEP_START_NS:
+                            for v in a["value"]["arrayValue"]["values"]:
+                                v["intValue"] = str(int(v["intValue"]) + shift_s * 10**9)
+                    s["spanId"] = s["spanId"][::-1]
+    return [*gen.documents, *later]
+
+
+@pytest.fixture(scope="module")
+def one_mode() -> synthetic.SyntheticRun:
+    return synthetic.generate(80, modes=("push",), seed=5)
+
+
+@pytest.mark.parametrize(("two_modes", "shift_s", "arrays"), [
+    (False, None, True), (False, 3600, True), (False, 25, True), (False, 3, False),
+    (False, 0, False), (True, None, False), (True, 3600, False),
+])  # fmt: skip
+def test_columns_equal_the_object_join(
+    gen, one_mode, monkeypatch, two_modes: bool, shift_s: int | None, arrays: bool
+) -> None:
+    """Steps as columns equal the object implementation, step by step: the array join
+    (a seq repeats only far apart: an engine restarted under its id) and the reference
+    join it hands over to (closer: the two modes' runs here, a quick restart), placed on
+    a skewed clock or not, with summary, solo cost and a window's objects."""
+    from tracedpush.analysis import steps_columns
+
+    run = gen if two_modes else one_mode
+    docs = run.documents if shift_s is None else _spread_docs(run, shift_s)
+    joined = []
+    real_join = steps_columns.join
+
+    def spy(*a):
+        joined.append(real_join(*a) is not None)
+        return real_join(*a)
+
+    monkeypatch.setattr(steps_columns, "join", spy)
+    spans = [s for s in TraceStore.from_documents(docs).all_spans() if s.name in sc.PROCESS_SPANS]
+    _same_as_reference(EngineSteps.from_spans(spans), _reference(spans))
+    assert set(joined) == {arrays}  # the path this case is for
+    off = {synthetic.DECODE_INSTANCE: 40_000_000, synthetic.PREFILL_INSTANCE: -7}
+    store = EngineSteps.from_spans(spans)
+    store.place(lambda r: off.get(r.instance, 0))
+    _same_as_reference(store, _reference(spans, lambda r: off.get(r.instance, 0)))
+    # windows: objects made for the window only equal the reference's
+    want = _reference(spans, lambda r: off.get(r.instance, 0))[synthetic.DECODE_INSTANCE]
+    fresh = EngineSteps.from_spans(spans)
+    fresh.place(lambda r: off.get(r.instance, 0))
+    mid = want[len(want) // 2]
+    t0, t1 = mid.start_ns - 5 * 10**7, mid.end_ns + 5 * 10**7
+    ref = [s for s in want if s.has_worker and s.end_ns > t0 and s.start_ns <= t1]
+    assert [s.to_json() for s in fresh.overlapping(synthetic.DECODE_INSTANCE, t0, t1)] == [
+        s.to_json() for s in ref
+    ]
+
+
+def test_odd_arrays_convert_as_the_objects_do() -> None:
+    """Strings, floats, nulls, short arrays and huge numbers in a step array: the column
+    holds what `steps_from_span` makes of each element (None where it makes none)."""
+    t0 = 1_700_000_000_000_000_000
+    doc = _steps_doc(
+        "worker",
+        {
+            sc.STEP_SEQ: [1, 2, 3, 4],
+            sc.STEP_START_NS: [t0, t0 + 10**7, t0 + 2 * 10**7, t0 + 3 * 10**7],
+            sc.STEP_DURATION_US: [8000, "9000", "x", 7000],
+            sc.STEP_CONNECTOR_US: [300, 2**70],  # short, and beyond int64
+            sc.STEP_LOAD_US: ["5", "", "7", "8"],
+        },
+    )
+    spans: list = []
+    Decoder(spans.append, LoadStats()).document([doc])
+    want = _reference(spans)
+    want["decode-9"][1].connector_us = None  # 2**70 is no step's number: None in columns
+    _same_as_reference(EngineSteps.from_spans(spans), want)

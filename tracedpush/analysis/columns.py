@@ -255,6 +255,12 @@ class SlotColumns:
         """``start_unix_ms`` of the rows at `at` (the run's order goes by it)."""
         return self._num["start"][at]
 
+    def decode_times(self, at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(TTFT ms, TPOT ms, output tokens) of the rows at `at`, NaN where None: what a
+        request's decode window is made of (`tpot.windows`)."""
+        out = np.array([np.nan if x is None else x for x in self._obj["output"][at]], float)
+        return self._num["ttft"][at], self._num["tpot"][at], out
+
     def write(
         self,
         slots: Iterable[int],

@@ -42,14 +42,19 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tracedpush.analysis import skew, tpot
 from tracedpush.analysis import steps as steps_mod
 from tracedpush.analysis._gc import paused_gc
 from tracedpush.analysis.analyze import PROCESS_SPANS, request_analysis
 from tracedpush.analysis.columns import row_of
 from tracedpush.analysis.index_live import TraceSlots
+from tracedpush.analysis.index_steps import (
+    StepCache,
+    TpotRequest,
+    TpotSteps,
+    attach_tpot,
+    changed_windows,
+)
 from tracedpush.analysis.index_store import (
     SHARDS,
     Kept,
@@ -80,8 +85,8 @@ _COMPACT_AFTER = 16  # record segments before they are merged into one
 # the modules whose code decides what a kept result holds (`format_key`)
 _RESULT_MODULES = (
     "analyze", "columns", "critical_path", "failures", "index", "index_build", "index_live",
-    "index_store", "load", "model", "otlp", "phases", "results", "sampling", "skew", "steps",
-    "timeline", "tpot",
+    "index_steps", "index_store", "load", "model", "otlp", "otlp_fast", "phases", "results",
+    "sampling", "skew", "steps", "steps_columns", "timeline", "tpot",
 )  # fmt: skip
 
 
@@ -157,16 +162,21 @@ class AnalysisIndex:
         self._kept: dict[str, Kept] = {}
         self._res_ix: dict[int, int] = {}  # id(resource) -> position in state.resources
         self._res_key: dict[tuple[str, str, str, str], int] = {}
-        self._process: list[Span] | None = None  # cached per-process spans (seq order)
         self._off_ns: list[int] = []
         self._steps: tuple[Any, steps_mod.EngineSteps] | None = None
         self._tpot: tuple[Any, TpotSteps] | None = None
+        self._step_cache = StepCache()  # process traces' parsed steps, between updates
+        self._ids: dict[str, set[str]] = {}  # span ids of process traces that grow
+        self._steps_unsaved = False  # `_steps` is newer than the index's copy (`close`)
+        self._derived: tuple[Any, bool, dict[str, Any]] | None = None  # their summaries
         self.run: RunAnalysis | None = None
         self.last_new = 0  # spans the last update added
         self.last_reanalysed = 0  # requests the last update analysed anew
+        self.last_tpot_redone = 0  # requests whose TPOT breakdown the last update made
         self.rebuilt = False  # the last update started from an empty index
         self.last_error: str | None = None  # why the last read missed a path
         self._stale_saved: list[str] = []
+        self._tpot_saved: list[str] = []  # requests the last update made a breakdown for
         self._kept_durations: dict[str, tuple[tuple[str, float], ...]] | None = None
         self._save_all = False  # every kept result changed (TPOT breakdowns redone)
         self._slots: TraceSlots | None = None  # kept between updates (`index_live`)
@@ -193,10 +203,16 @@ class AnalysisIndex:
         if db is None:
             self.dir.mkdir(parents=True, exist_ok=True)
             db = open_span_db(self.dir, shard, threads=self.threads)
+            # the spans a process trace gets after it was stored, in arrival order: a
+            # long run's per-process traces grow all run, too big to write again
+            db.execute("CREATE TABLE IF NOT EXISTS more (id INTEGER PRIMARY KEY, tid TEXT, v BLOB)")
+            db.execute("CREATE INDEX IF NOT EXISTS more_tid ON more (tid)")
             self._span_dbs[shard] = db
         return db
 
     def close(self) -> None:
+        if self._steps_unsaved and self._db is not None:
+            self._write_steps()
         if self._db is not None:
             self._db.close()
             self._db = None
@@ -240,11 +256,15 @@ class AnalysisIndex:
             with self.span_db(shard) as sdb:
                 sdb.execute("DELETE FROM spans")
                 sdb.execute("DELETE FROM results")
+                sdb.execute("DELETE FROM more")
         self._state = _State(self._path_key())
         self._kept = {}
-        self._process = None
         self._steps = None
         self._tpot = None
+        self._step_cache = StepCache()
+        self._ids = {}
+        self._steps_unsaved = False
+        self._derived = None
         self._slots = None
         self._index_resources()
         self.rebuilt = True
@@ -288,13 +308,16 @@ class AnalysisIndex:
         return i
 
     def _load_spans(self, tids: Sequence[str]) -> dict[str, list[Span]]:
+        """Each trace's spans in arrival order: its stored ones, then any it got later."""
         assert self._state is not None
         res = self._state.resources
-        return {
-            tid: unpack(tid, blob, res)
-            for some, db in self._shard_dbs(tids)
-            for tid, blob in _select(db, "spans", some)
-        }
+        out: dict[str, list[Span]] = {}
+        for some, db in self._shard_dbs(tids):
+            for tid, blob in _select(db, "spans", some):
+                out[tid] = unpack(tid, blob, res)
+            for tid, blob in _select(db, "more", some, order="id"):
+                out.setdefault(tid, []).extend(unpack(tid, blob, res))
+        return out
 
     def _shard_dbs(self, tids: Iterable[str]) -> list[tuple[list[str], sqlite3.Connection]]:
         return [(some, self.span_db(shard)) for shard, some in _by_shard(tids).items()]
@@ -383,11 +406,18 @@ class AnalysisIndex:
                 by_trace[s.trace_id] = [s]
             else:
                 lst.append(s)
-        old = self._load_spans([t for t in by_trace if t in self._kept])
+        grow = {t for t, news in by_trace.items() if self._grows(t, news)}
+        old = self._load_spans([t for t in by_trace if t in self._kept and t not in grow])
         changed: dict[str, list[Span]] = {}
         db = self._connect()
         db.execute("BEGIN")
         rows: dict[int, list[tuple[str, bytes]]] = {}
+        more: dict[int, list[tuple[str, bytes]]] = {}
+        for tid in grow:  # only its new spans are stored, parsed, counted
+            added = self._grow(tid, by_trace.pop(tid))
+            if added:
+                changed[tid] = added
+                more.setdefault(shard_of(tid), []).append((tid, pack(added, self._res_ix)))
         for tid, news in by_trace.items():
             spans = {s.span_id: s for s in old.get(tid, ())}
             added = 0
@@ -406,23 +436,61 @@ class AnalysisIndex:
             merged = list(spans.values())
             changed[tid] = merged
             rows.setdefault(shard_of(tid), []).append((tid, pack(merged, self._res_ix)))
-        for shard, some in rows.items():  # committed before the state that counts them
+            self._step_cache.drop(tid)
+            self._ids.pop(tid, None)
+        for shard in rows.keys() | more.keys():  # committed before the state counting them
             with self.span_db(shard) as sdb:
+                some = rows.get(shard, [])
                 sdb.executemany("INSERT OR REPLACE INTO spans (tid, v) VALUES (?, ?)", some)
+                sdb.executemany("DELETE FROM more WHERE tid = ?", [(t,) for t, _v in some])
+                sdb.executemany("INSERT INTO more (tid, v) VALUES (?, ?)", more.get(shard, []))
         for tid, spans in changed.items():
+            if tid in grow:
+                continue
             k = self._kept.get(tid)
             seq = k.facts.seq if k is not None else state.next_seq
             if k is None:
                 state.next_seq += 1
             self._kept[tid] = Kept(self._facts(tid, spans, seq))
         if any(self._kept[t].facts.process for t in changed):
-            self._process = None
             state.process_version += 1
         run = self._analyse(changed)
         self._save(changed)
         db.execute("COMMIT")
         self.run = run
         return run
+
+    def _grows(self, tid: str, news: list[Span]) -> bool:
+        """A kept trace of per-process spans only, getting more of them: it keeps its
+        stored spans and gets the new ones beside them (`_grow`)."""
+        k = self._kept.get(tid)
+        return (
+            k is not None
+            and k.facts.process
+            and not k.facts.res
+            and all(s.name in PROCESS_SPANS for s in news)
+        )
+
+    def _grow(self, tid: str, news: list[Span]) -> list[Span]:
+        """The spans of `news` the trace does not have yet (counted, facts updated)."""
+        state = self._state
+        assert state is not None
+        ids = self._ids.get(tid)
+        if ids is None:  # once per trace and index object: its ids, from its spans
+            ids = self._ids[tid] = {s.span_id for s in self._load_spans([tid]).get(tid, ())}
+        added = []
+        for s in news:
+            if s.span_id in ids:
+                state.stats.duplicates += 1
+                continue
+            ids.add(s.span_id)
+            s.resource = state.resources[self._resource(s.resource)]
+            added.append(s)
+        state.stats.spans += len(added)
+        self.last_new += len(added)
+        self._kept[tid].facts.spans += len(added)
+        self._step_cache.add(tid, added)
+        return added
 
     def _facts(self, tid: str, spans: list[Span], seq: int) -> TraceFacts:
         req = [s for s in spans if s.name not in PROCESS_SPANS]
@@ -514,24 +582,36 @@ class AnalysisIndex:
         self.last_reanalysed = len(stale)
         self._stale_saved = stale
         slots.put_rows([(t, self._kept[t]) for t in stale])
-        # TPOT breakdowns hold while the engine steps and offsets do: only new results
-        # need one (splitting a decode window over D's steps costs ~1 ms per request)
+        # TPOT breakdowns hold while the engine steps and offsets do: new results need
+        # one, and those whose decode window meets steps that changed (`index_steps`)
         steps_key = (state.process_version, sorted(applied.items()))
-        redo_all = state.tpot_key != steps_key
-        todo = slots.requests() if redo_all else [(t, self._kept[t]) for t in stale]
+        before = self._tpot_before(steps_key)
+        engine_steps = self._engine_steps(label, applied)
+        redo_all = False
+        todo = [(t, self._kept[t]) for t in stale]
+        if state.tpot_key != steps_key:
+            now = self._tpot_steps(steps_key, engine_steps)
+            where = None if before is None else changed_windows(before, now)
+            redo_all = where is None
+            if redo_all:
+                todo = slots.requests()
+            elif where:
+                fresh = set(stale)
+                todo += [(t, k) for t, k in slots.at(slots.meeting(where, off)) if t not in fresh]
+        self.last_tpot_redone = len(todo)
+        self._tpot_saved = [t for t, _k in todo]
         facts: dict[str, tuple[int, str | None]] = {}
-        todo_tpot: list[_TpotRequest] = []
+        todo_tpot: list[TpotRequest] = []
         for tid, k in todo:
             k.tpot = None
             f = k.facts
             if f.root_iv is not None and f.root_res is not None:
                 facts[tid] = (f.root_iv[0] - off[f.root_res], f.engine)
-                todo_tpot.append(_TpotRequest(tid, k.row, k))  # type: ignore[arg-type]
-        engine_steps = self._engine_steps(label, applied)
+                todo_tpot.append(TpotRequest(tid, k.row, k))  # type: ignore[arg-type]
         if todo_tpot:  # what TPOT breakdowns need of the steps, kept beside them
             attach_tpot(todo_tpot, facts, self._tpot_steps(steps_key, engine_steps))
         for q in todo_tpot:
-            q.kept.tpot = q.tpot_breakdown_ms
+            q.kept.tpot = q.tpot_breakdown_ms  # type: ignore[union-attr]
         slots.put_tpot([k for _t, k in todo])
         self._save_all = redo_all
         state.tpot_key = steps_key
@@ -578,30 +658,87 @@ class AnalysisIndex:
         state = self._state
         assert state is not None
         key = (state.process_version, sorted(applied.items()))
+        if self._steps is not None and self._steps[0] == key and self._derived is not None:
+            placed, (_key, truthy, summary) = self._steps[1], self._derived
+            return LazySteps(lambda: placed, truthy, summary)
         db = self._connect()
         row = db.execute("SELECT v FROM meta WHERE k = 'steps_derived'").fetchone()
         derived = pickle.loads(row[0]) if row is not None else None
         if derived is not None and derived[0] == key:
-            return LazySteps(lambda: self._kept_steps(key), derived[1], derived[2])
-        used = [state.resources[i] for i in label]
-        placed = steps_mod.placed(self._process_spans(), used, applied)
-        self._process = None  # their spans: GBs at 200,000 requests; read again if needed
+            self._derived = derived
+            return LazySteps(lambda: self._kept_steps(key, label, applied), derived[1], derived[2])
+        return self._keep_steps(self._parts(), label, applied)
+
+    def _parts(self) -> steps_mod.StepParts:
+        """Every process trace's parsed steps, in first-seen order (parsed once each)."""
+        assert self._slots is not None
+
+        def load(tid: str) -> Iterator[Span]:
+            return (s for s in self._load_spans([tid]).get(tid, ()) if s.name in PROCESS_SPANS)
+
+        return self._step_cache.merged(self._slots.process_traces(), load)
+
+    def _keep_steps(
+        self,
+        parts: steps_mod.StepParts,
+        label: dict[int, str],
+        applied: dict[str, float],
+        *,
+        write: bool = False,
+    ) -> LazySteps:
+        """The run's steps from their parsed parts, placed with the run's offsets and kept
+        with their summary, contention and TPOT arrays (the cold build calls this with
+        its workers' parts, and `write`: it has the time while they analyse)."""
+        state = self._state
+        assert state is not None
+        key = (state.process_version, sorted(applied.items()))
+        placed = parts.placed([state.resources[i] for i in label], applied)
         self._steps = (key, placed)
         self._tpot = (key, TpotSteps(placed))
         from tracedpush.analysis.contention import contention
 
-        summary = {"summary": placed.summary(), "contention": contention(placed)}
-        kept = (
-            ("steps", self._steps),
-            ("steps_derived", (key, bool(placed), summary)),
-            ("steps_tpot", self._tpot),
-        )
+        summary: dict[str, Any] = {"summary": placed.summary()}
+        self._derived = (key, bool(placed), summary)
+        # A Live refresh keeps them in memory: they are written on `close` (at 200,000
+        # requests the steps are 600 MB, their contention 2 s of Python, made when a
+        # page asks); an index opened before that makes them again from the spans.
+        self._steps_unsaved = True
+        if write:
+            summary["contention"] = contention(placed)
+            self._write_steps()
+        return LazySteps(lambda: placed, bool(placed), summary)  # summarised once
+
+    def _write_steps(self) -> None:
+        """The steps, their summary and contention and their TPOT arrays, as kept."""
+        from tracedpush.analysis.contention import contention
+
+        if self._steps is None or self._derived is None or self._derived[0] != self._steps[0]:
+            return
+        key, truthy, summary = self._derived
+        if "contention" not in summary:
+            summary["contention"] = contention(self._steps[1])
+        kept = [("steps", self._steps), ("steps_derived", (key, truthy, summary))]
+        if self._tpot is not None and self._tpot[0] == key:
+            kept.append(("steps_tpot", self._tpot))
+        db = self._connect()
         for k, v in kept:
             blob = pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL)
             db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES (?, ?)", (k, blob))
-        lazy = LazySteps(lambda: placed, bool(placed), summary)  # summarised once
-        lazy.get()
-        return lazy
+        self._steps_unsaved = False
+
+    def _tpot_before(self, key: Any) -> TpotSteps | None:
+        """The steps the kept TPOT breakdowns were made with, if the offsets are the same
+        now (`key`'s): what `changed_windows` compares the new steps with."""
+        state = self._state
+        assert state is not None
+        was = state.tpot_key
+        if was is None or was == key or was[1] != key[1]:
+            return None
+        if self._tpot is not None and self._tpot[0] == was:
+            return self._tpot[1]
+        row = self._connect().execute("SELECT v FROM meta WHERE k = 'steps_tpot'").fetchone()
+        kept = pickle.loads(row[0]) if row is not None else None
+        return kept[1] if kept is not None and kept[0] == was else None
 
     def _tpot_steps(self, key: Any, steps: LazySteps) -> TpotSteps:
         if self._tpot is None or self._tpot[0] != key:
@@ -612,22 +749,20 @@ class AnalysisIndex:
             self._tpot = kept
         return self._tpot[1]
 
-    def _kept_steps(self, key: Any) -> steps_mod.EngineSteps:
+    def _kept_steps(
+        self, key: Any, label: dict[int, str], applied: dict[str, float]
+    ) -> steps_mod.EngineSteps:
+        state = self._state
+        assert state is not None
         if self._steps is None or self._steps[0] != key:
             row = self._connect().execute("SELECT v FROM meta WHERE k = 'steps'").fetchone()
-            kept = pickle.loads(row[0])
-            if kept[0] != key:  # pragma: no cover - written with the derived row
-                raise RuntimeError("analysis index: kept engine steps do not match")
+            kept = pickle.loads(row[0]) if row is not None else None
+            if kept is None or kept[0] != key:  # not written (no `close`) or older: parse
+                used = [state.resources[i] for i in label]
+                kept = (key, self._parts().placed(used, applied))
+                self._steps_unsaved = True
             self._steps = kept
         return self._steps[1]
-
-    def _process_spans(self) -> list[Span]:
-        if self._process is None:
-            assert self._slots is not None
-            tids = self._slots.process_traces()
-            loaded = self._load_spans(tids)
-            self._process = [s for t in tids for s in loaded.get(t, ()) if s.name in PROCESS_SPANS]
-        return self._process
 
     def _save(self, changed: dict[str, list[Span]]) -> None:
         """One segment of what changed (facts, result rows), and the re-analysed results
@@ -642,10 +777,11 @@ class AnalysisIndex:
                     "INSERT OR REPLACE INTO results (tid, v) VALUES (?, ?)",
                     ((t, dump_result(self._kept[t].result)) for t in some),  # type: ignore[arg-type]
                 )
-        touched = set(changed) | set(self._stale_saved)
+        touched = set(changed) | set(self._stale_saved) | set(self._tpot_saved)
         if touched or self._save_all or not state.segments:
             if (
                 self._save_all
+                or not state.segments  # the first: every trace (a build's too)
                 or state.segments >= _COMPACT_AFTER
                 or len(touched) * 2 > len(self._kept)
             ):
@@ -758,119 +894,19 @@ def index_run(
         idx.close()
 
 
-class _TpotRequest:
-    """What `tpot.attach_facts` reads and sets of a request, from its kept row."""
-
-    __slots__ = ("kept", "output_tokens", "tpot_breakdown_ms", "tpot_ms", "trace_id", "ttft_ms")
-
-    def __init__(self, trace_id: str, row: tuple, kept: Kept) -> None:
-        self.trace_id = trace_id
-        self.output_tokens, self.ttft_ms, self.tpot_ms = row[3], row[4], row[5]
-        self.tpot_breakdown_ms: dict[str, float] | None = None
-        self.kept = kept
-
-
-def _select(db: sqlite3.Connection, table: str, tids: Sequence[str]) -> Iterator[tuple[str, bytes]]:
+def _select(
+    db: sqlite3.Connection, table: str, tids: Sequence[str], order: str = ""
+) -> Iterator[tuple[str, bytes]]:
     """(tid, blob) rows of `table` for `tids` (in batches: SQLite's variable limit)."""
+    by = f" ORDER BY {order}" if order else ""
     for i in range(0, len(tids), 500):
         part = tids[i : i + 500]
         marks = ",".join("?" * len(part))
-        yield from db.execute(f"SELECT tid, v FROM {table} WHERE tid IN ({marks})", part)
+        yield from db.execute(f"SELECT tid, v FROM {table} WHERE tid IN ({marks}){by}", part)
 
 
 def _by_shard(tids: Iterable[str]) -> dict[int, list[str]]:
     out: dict[int, list[str]] = {}
     for tid in tids:
         out.setdefault(shard_of(tid), []).append(tid)
-    return out
-
-
-class _StepArrays:
-    """One engine's steps as arrays, in `EngineSteps.steps` order (sorted by start)."""
-
-    def __init__(self, steps: Sequence[steps_mod.EngineStep]) -> None:
-        self.start = np.array([s.start_ns for s in steps], dtype=np.int64)
-        self.end = np.array([s.end_ns for s in steps], dtype=np.int64)
-        self.worker = np.array([s.has_worker for s in steps], dtype=bool)
-        self.conn_us = np.array([s.connector_us or 0 for s in steps], dtype=float)
-        self.max_end = np.maximum.accumulate(self.end) if len(steps) else self.end
-        if not np.all(self.start[1:] >= self.start[:-1]):  # pragma: no cover
-            raise ValueError("engine steps not sorted by start")  # `EngineSteps` sorts them
-
-
-class TpotSteps:
-    """What TPOT breakdowns need of a run's engine steps: D's steps as arrays, each
-    engine's solo forward cost, the decode engines. Kept beside the steps, so the TPOT
-    of a few new requests does not read every step back."""
-
-    def __init__(self, store: steps_mod.EngineSteps) -> None:
-        self.decode = [e for e, info in store.engines.items() if info.role == "decode"]
-        self.solo = {eid: store.solo_forward_us(eid) for eid in store.steps}
-        self.arrays = {
-            eid: _StepArrays(st) if any(s.has_worker for s in st) else None
-            for eid, st in store.steps.items()
-        }
-
-
-def attach_tpot(
-    requests: Sequence[_TpotRequest], facts: dict[str, tuple[int, str | None]], steps: TpotSteps
-) -> None:
-    """`tpot.attach_facts`, each window split over D's steps as arrays (`_breakdown`):
-    the same breakdowns, without walking a long decode's steps one by one in Python
-    (0.7 ms per synthetic request: 7 s of CPU at 20,000 requests)."""
-    arrays = steps.arrays
-    if not arrays:
-        return
-    for r, eid, t0, t1 in tpot.windows(requests, facts, arrays, steps.decode):
-        arr = arrays[eid]
-        if arr is None:  # no worker records: no breakdown
-            continue
-        tokens = r.output_tokens - 1
-        r.tpot_breakdown_ms = _breakdown(arr, t0, t1, r.tpot_ms, tokens, steps.solo[eid])
-
-
-def _breakdown(
-    arr: _StepArrays, t0: int, t1: int, tpot_ms: float, tokens: int, solo_us: float | None
-) -> dict[str, float]:
-    """`tpot.breakdown` over arrays, to the last bit: its loop keeps a cursor (the end of
-    the last step counted), which is the running maximum of the clipped ends of the
-    earlier steps that end after they start; its sums are sequential (`accumulate`)."""
-    solo_ns = None if solo_us is None else solo_us * 1000.0
-    fwd = extra = conn = 0.0
-    if t1 > t0:
-        i = int(np.searchsorted(arr.max_end, t0, side="right"))
-        j = int(np.searchsorted(arr.start, t1, side="right"))
-        if j > i:
-            keep = arr.worker[i:j] & (arr.end[i:j] > t0)
-            start, end = arr.start[i:j][keep], arr.end[i:j][keep]
-            conn_us = arr.conn_us[i:j][keep]
-            b = np.minimum(end, t1)
-            counted = np.where(b > start, b, t0)
-            cursor = np.empty_like(b)
-            if len(b):
-                cursor[0] = t0
-                cursor[1:] = np.maximum(np.maximum.accumulate(counted)[:-1], t0)
-            a = np.maximum(start, cursor)
-            ok = b > a
-            if ok.any():
-                dur = (end - start)[ok]
-                f = (b - a)[ok] / dur
-                c_ns = np.minimum(conn_us[ok] * 1000.0, dur.astype(float))
-                fw_ns = dur - c_ns
-                solo = fw_ns if solo_ns is None else np.minimum(fw_ns, solo_ns)
-                fwd = 0.0 + float(np.add.accumulate(f * solo)[-1])
-                extra = 0.0 + float(np.add.accumulate(f * (fw_ns - solo))[-1])
-                conn = 0.0 + float(np.add.accumulate(f * c_ns)[-1])
-    n = max(tokens, 1)
-    out = {
-        tpot.MODEL_FORWARD: fwd / n / 1e6,
-        tpot.BATCH_SHARING: extra / n / 1e6,
-        tpot.CONNECTOR: conn / n / 1e6,
-    }
-    used = sum(out.values())
-    if used > tpot_ms > 0:  # as `tpot.breakdown`: scale, keep the sum
-        k = tpot_ms / used
-        out = {key: v * k for key, v in out.items()}
-        used = tpot_ms
-    out[tpot.SCHEDULING] = max(tpot_ms - used, 0.0)
     return out

@@ -3,11 +3,19 @@
 Decoding spans and walking critical paths are pure Python, so one process uses one
 core. Here each worker (forked, so it starts with the index's settings) scans every
 line of every file, but cheaply: msgspec reads a line's structure and leaves each span
-as raw bytes (``msgspec.Raw``), whose trace id is read off its first key. A worker
-decodes only the spans of its shard's traces, writes them to its own span database,
-and sends the parent its traces' facts (first-seen position, causal pairs, ...). The
-parent estimates the clock offsets from all facts, as `AnalysisIndex` does; then each
-worker analyses its requests with them and sends back the results.
+as raw bytes (``msgspec.Raw``), whose shard is read off its first key (a plain hex
+trace id is hashed as it stands). A worker decodes only the spans of its shard's traces
+(`otlp_fast`, typed, else `otlp.Decoder`) and keeps each packed as its span database
+will hold it (`index_store.pack`), not as a `Span`: a shard of a 200,000-request run is
+~1 M spans, several GB as objects. Then, one trace at a time, it unpacks the spans,
+writes them to its own span database, parses the engine steps of per-process traces
+into columns (`steps.StepParts`) and sends the parent its traces' facts (first-seen
+position, causal pairs, ...) and those parts. The parent estimates the clock offsets
+from all facts, as `AnalysisIndex` does, and sends them; each worker unpacks its
+requests again and analyses them with those offsets while the parent joins the run's
+engine steps from every worker's parts (in first-seen order, as one reader would) and
+places them on the proxy clock; then each worker splits its requests' TPOT over them
+(`index_steps.attach_tpot`) and sends back the results' rows and breakdowns.
 
 Everything counted per line (lines, documents, malformed lines) is counted by worker 0;
 spans by the worker of their shard. Lines that are not plain OTLP JSON (another shape, a
@@ -20,40 +28,54 @@ from __future__ import annotations
 
 import gc
 import json
+import marshal
 import multiprocessing
 import pickle
+import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from tracedpush.analysis.analyze import PROCESS_SPANS, request_analysis
 from tracedpush.analysis.columns import row_of
+from tracedpush.analysis.index_steps import TpotRequest, TpotSteps, attach_tpot
 from tracedpush.analysis.index_store import (
     SHARDS,
     Kept,
     TraceFacts,
     dump_result,
     open_span_db,
-    pack,
+    pack_packed,
+    record,
     shard_of,
+    spans_of,
 )
 from tracedpush.analysis.model import LoadStats, Resource, Span
 from tracedpush.analysis.otlp import Decoder, Malformed, attributes, norm_id
+from tracedpush.analysis.steps import StepParts
 from tracedpush.analysis.timeline import LoadCounter, TraceIndex
 
 # `idx` below is an `index.AnalysisIndex` (not imported: index imports this module)
 AnalysisIndex = Any
 try:
     import msgspec
+
+    from tracedpush.analysis import otlp_fast
 except ImportError:  # pragma: no cover - the sequential build needs no msgspec
     msgspec = None  # type: ignore[assignment]
+    otlp_fast = None  # type: ignore[assignment]
 
 _CHUNK = 8 << 20
 WORKER_PEAK_KB: list[int] = []  # the last build's workers' peak RSS (benchmarks read it)
+# and their CPU seconds: (read, store spans and facts, analyse)
+WORKER_CPU: list[tuple[float, float, float]] = []
 _SPAN_ERRORS = (Malformed, AttributeError, KeyError, TypeError, ValueError)
 _TID_PREFIX = b'{"traceId":"'
+_TID_END = len(_TID_PREFIX) + 32
+_LOWER_HEX = b"0123456789abcdef"
 
 if msgspec is not None:
     _NULL = msgspec.Raw(b"null")  # Raw cannot be in a union: an absent field reads as null
@@ -115,35 +137,64 @@ def _trace_id(raw: bytes) -> str:
 
 
 class _Worker:
-    """One shard's share of the build (runs in a forked process)."""
+    """One shard's share of the build (runs in a forked process).
+
+    Each span is kept packed (its `index_store.record` in `marshal`, as its span
+    database keeps it) from the moment it is read: decoded `Span` objects of a whole
+    shard cost ~3 KB each, several GB at 200,000 requests. The phases after reading
+    unpack one trace at a time (`traces`)."""
 
     def __init__(self, idx: AnalysisIndex, shard: int, n: int) -> None:
         self.idx, self.shard, self.n = idx, shard, n
-        self.mine: Callable[[str], bool] = lambda tid: shard_of(tid) % n == shard
         self.stats = LoadStats()
-        self.spans: dict[str, dict[str, Span]] = {}
+        self.spans: dict[str, dict[str, bytes]] = {}  # trace -> span id -> packed record
         self.first: dict[str, tuple[int, int, int]] = {}  # trace -> (file, line, span)
         self.decoder = Decoder(self._add, self.stats)
         # worker 0 counts per-line things; the others decode fallback lines silently
         self.quiet = Decoder(self._add, LoadStats()) if shard else self.decoder
         self.quiet._resources = self.decoder._resources  # one interning, in every worker
-        self._res_raw: dict[bytes, Resource] = {}
+        self._res_raw: dict[bytes, tuple[Resource, int]] = {}
+        self._res_ix: dict[int, int] = {}  # id(resource) -> its place in the interning
         self._pos = (0, 0, 0)
         self.lines_ok: list[int] = []
 
-    def _add(self, span: Span) -> None:
-        tid = span.trace_id
-        if not self.mine(tid):
-            return
+    def mine(self, tid: str) -> bool:
+        return shard_of(tid) % self.n == self.shard
+
+    def resources(self) -> list[Resource]:
+        """The interned resources in order: the records' resource indexes."""
+        return list(self.decoder._resources.values())
+
+    def _ix(self, res: Resource) -> int:
+        i = self._res_ix.get(id(res))
+        if i is None:  # interned since: the interning only grows, never reorders
+            self._res_ix = {id(r): i for i, r in enumerate(self.resources())}
+            i = self._res_ix[id(res)]
+        return i
+
+    def _keep(self, tid: str, sid: str, packed: bytes) -> None:
         spans = self.spans.get(tid)
         if spans is None:
             spans = self.spans[tid] = {}
             self.first[tid] = self._pos
-        elif span.span_id in spans:
+        elif sid in spans:
             self.stats.duplicates += 1
             return
-        spans[span.span_id] = span
+        spans[sid] = packed
         self.stats.spans += 1
+
+    def _add(self, span: Span) -> None:
+        """A span from `otlp.Decoder` (the fallback paths)."""
+        if self.mine(span.trace_id):
+            rec = record(span, {id(span.resource): self._ix(span.resource)})
+            self._keep(span.trace_id, span.span_id, marshal.dumps(rec))
+
+    def traces(self, tids: Iterable[str]) -> Iterator[tuple[str, list[bytes], list[Span]]]:
+        """(trace id, packed records, spans) of each of `tids`, decoded one at a time."""
+        resources = self.resources()
+        for tid in tids:
+            packed = list(self.spans[tid].values())
+            yield tid, packed, spans_of(tid, packed, resources)
 
     def read(self, files: Sequence[tuple[Path, int]]) -> None:
         for fi, (f, end) in enumerate(files):
@@ -161,55 +212,83 @@ class _Worker:
                         pending = data
                         continue
                     pending = data[cut + 1 :]
-                    for line in data[:cut].split(b"\n"):
-                        if not line.strip():
-                            continue
+                    # lines as views: msgspec reads them (and its Raw spans) uncopied
+                    view, pos, find = memoryview(data), 0, data.find
+                    while pos < cut:
+                        nl = find(b"\n", pos, cut)
+                        if nl < 0:
+                            nl = cut
+                        line = view[pos:nl]
+                        pos = nl + 1
+                        try:
+                            doc = _LINE.decode(line)
+                        except (msgspec.DecodeError, msgspec.ValidationError):
+                            if not bytes(line).strip():
+                                continue
+                            doc = None
                         line_no += 1
-                        ok += self._line(f, fi, line_no, line)
+                        ok += self._line(f, fi, line_no, line, doc)
             self.lines_ok.append(ok)
 
-    def _line(self, f: Path, fi: int, line_no: int, line: bytes) -> int:
+    def _line(
+        self, f: Path, fi: int, line_no: int, line: memoryview, doc: _TracesData | None
+    ) -> int:
         lead = self.shard == 0
         if lead:
             self.stats.lines_read += 1
-        try:
-            doc = _LINE.decode(line)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return self._fallback(f, fi, line_no, line)
+        if doc is None:
+            return self._fallback(f, fi, line_no, bytes(line))
         if lead:
             self.stats.documents += 1
         decode = self.decoder.span
+        fields = otlp_fast.fields
+        n, shard, crc32 = self.n, self.shard, zlib.crc32
         for rs in doc.resourceSpans:
             try:
-                res = self._resource(rs.resource)
+                res, rix = self._resource(rs.resource)
             except (AttributeError, KeyError, TypeError, ValueError):
                 if lead:
                     self.stats.malformed += 1
                 continue
             for si, ss in enumerate(rs.scopeSpans):
                 for ri, one in enumerate(ss.spans):
-                    raw = bytes(one)
-                    tid = _trace_id(raw)
-                    if not self.mine(tid):
+                    # `shard_of` of a plain lowercase hex id, without decoding the span
+                    head = bytes(memoryview(one)[: _TID_END + 1])
+                    tid_raw = head[len(_TID_PREFIX) : _TID_END]
+                    if (
+                        head.startswith(_TID_PREFIX)
+                        and head.endswith(b'"')
+                        and len(head) == _TID_END + 1
+                        and not tid_raw.translate(None, _LOWER_HEX)
+                    ):
+                        if crc32(tid_raw) % SHARDS % n != shard:
+                            continue
+                    elif not self.mine(_trace_id(bytes(one))):
                         continue
                     self._pos = (fi, line_no, si * 100_000 + ri)
-                    try:
-                        span = decode(json.loads(raw), res)
-                    except _SPAN_ERRORS as exc:
-                        self.stats.malformed += 1
-                        self.stats.note(f"span skipped: {exc}")
+                    got = fields(one, rix)
+                    if got is None:
+                        try:
+                            span = decode(json.loads(bytes(one)), res)
+                        except _SPAN_ERRORS as exc:
+                            self.stats.malformed += 1
+                            self.stats.note(f"span skipped: {exc}")
+                            continue
+                        self._add(span)
                         continue
-                    self._add(span)
+                    tid, rec = got
+                    if self.mine(tid):  # as `_add`: the id decoded is the one kept
+                        self._keep(tid, rec[0], marshal.dumps(rec))
         return 1
 
-    def _resource(self, raw: msgspec.Raw) -> Resource:
+    def _resource(self, raw: msgspec.Raw) -> tuple[Resource, int]:
         key = bytes(raw)
-        res = self._res_raw.get(key)
-        if res is None:
+        got = self._res_raw.get(key)
+        if got is None:
             doc = json.loads(key)
             res = self.decoder.resource(attributes((doc or {}).get("attributes")))
-            self._res_raw[key] = res
-        return res
+            got = self._res_raw[key] = (res, self._ix(res))
+        return got
 
     def _fallback(self, f: Path, fi: int, line_no: int, line: bytes) -> int:
         """`FileSource._lines`'s handling of one line that is not plain OTLP JSON."""
@@ -230,39 +309,54 @@ def _run_worker(
     """Phase 1: read, store spans, send facts; phase 2: analyse with the offsets sent."""
     gc.disable()
     try:
+        cpu = [time.process_time()]
         w = _Worker(idx, shard, n)
         w.read(files)
-        resources = list(w.decoder._resources.values())
+        cpu.append(time.process_time())
+        resources = w.resources()
         res_ix = {id(r): i for i, r in enumerate(resources)}
         # facts need the kept resources' positions: this worker's are every worker's
         idx._state.resources = resources  # type: ignore[union-attr]
         idx._index_resources()
+        facts: dict[str, TraceFacts] = {}
+        parts: dict[str, StepParts] = {}  # per-process traces' engine steps, parsed
+
+        def stored() -> Iterator[tuple[str, bytes]]:
+            for tid, packed, spans in w.traces(list(w.spans)):
+                f = facts[tid] = idx._facts(tid, spans, 0)
+                if f.process:
+                    p = parts[tid] = StepParts()
+                    for s in spans:
+                        p.add(s)
+                yield tid, pack_packed(packed)
+
         db = open_span_db(idx.dir, shard)
-        facts = {}
         with db:
-            db.executemany(
-                "INSERT OR REPLACE INTO spans (tid, v) VALUES (?, ?)",
-                ((tid, pack(spans.values(), res_ix)) for tid, spans in w.spans.items()),
-            )
+            db.executemany("INSERT OR REPLACE INTO spans (tid, v) VALUES (?, ?)", stored())
         db.close()
-        for tid, spans in w.spans.items():
-            facts[tid] = idx._facts(tid, list(spans.values()), 0)
+        cpu.append(time.process_time())
         conn.send_bytes(
             pickle.dumps(
                 (resources if shard == 0 else None, [tuple(_key(r) for r in resources)],
-                 facts, w.first, w.stats, w.lines_ok),
+                 marshal.dumps({t: f.as_tuple() for t, f in facts.items()}),  # 5x pickle's speed
+                 marshal.dumps(w.first), w.stats, w.lines_ok, parts),
                 protocol=pickle.HIGHEST_PROTOCOL,
             )
         )  # fmt: skip
+        w.first.clear()
+        for tid, f in facts.items():  # per-process traces: no result, so no more reads
+            if not f.res:
+                del w.spans[tid]
+        parts.clear()  # sent: the parent joins them
         off = pickle.loads(conn.recv_bytes())
+        cpu.append(time.process_time())
         rows = {}  # the parent gets each result's row; the results go to the span database
         no_load = LoadCounter(())
 
         def results() -> Iterator[tuple[str, bytes]]:
-            for tid, spans in w.spans.items():
-                if not facts[tid].res:
-                    continue
-                req = [s for s in spans.values() if s.name not in PROCESS_SPANS]
+            for tid, _packed, spans in w.traces(list(w.spans)):
+                del w.spans[tid]
+                req = [s for s in spans if s.name not in PROCESS_SPANS]
                 ix = TraceIndex(tid, req)
                 off_ns = {id(s.resource): off[res_ix[id(s.resource)]] for s in req}
                 r = request_analysis(ix, off_ns, no_load, idx.buckets, idx.load_buckets, False)
@@ -273,12 +367,33 @@ def _run_worker(
         with db:
             db.executemany("INSERT OR REPLACE INTO results (tid, v) VALUES (?, ?)", results())
         db.close()
-        conn.send_bytes(pickle.dumps((rows, _peak_kb()), protocol=pickle.HIGHEST_PROTOCOL))
+        # the parent joined the engine steps meanwhile
+        tpots = _tpot(rows, facts, off, pickle.loads(conn.recv_bytes()))
+        cpu.append(time.process_time())
+        times = (cpu[1] - cpu[0], cpu[2] - cpu[1], cpu[4] - cpu[3])
+        reply = (rows, tpots, _peak_kb(), times)
+        conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
     except BaseException:
         conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
         raise
     finally:
         conn.close()
+
+
+def _tpot(
+    rows: dict[str, tuple], facts: dict[str, TraceFacts], off: list[int], steps: TpotSteps
+) -> dict[str, dict[str, float] | None]:
+    """The TPOT breakdown of each result, as `AnalysisIndex._analyse` makes them."""
+    todo, where = [], {}
+    for tid, row in rows.items():
+        f = facts[tid]
+        if f.root_iv is not None and f.root_res is not None:
+            where[tid] = (f.root_iv[0] - off[f.root_res], f.engine)
+            todo.append(TpotRequest(tid, row, None))
+    if todo:
+        attach_tpot(todo, where, steps)
+    got = {q.trace_id: q.tpot_breakdown_ms for q in todo}
+    return {tid: got.get(tid) for tid in rows}
 
 
 def _peak_kb() -> int:
@@ -334,8 +449,9 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         idx._index_resources()
         firsts: list[tuple[tuple[int, int, int], str, TraceFacts]] = []
         stats = state.stats
-        for _res, _keys, facts, first, st, _ok in phase1:
-            firsts += [(first[tid], tid, f) for tid, f in facts.items()]
+        for _res, _keys, facts, first, st, _ok, _parts in phase1:
+            first = marshal.loads(first)
+            firsts += [(first[t], t, TraceFacts(*f)) for t, f in marshal.loads(facts).items()]
             _merge(stats, st)
         firsts.sort(key=lambda x: x[0])
         kept: dict[str, Kept] = {}
@@ -353,14 +469,34 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         blob = pickle.dumps(off)
         for c in pipes:
             c.send_bytes(blob)
-        WORKER_PEAK_KB.clear()
+        # while the workers analyse: the engine steps, from every worker's parsed parts
+        # in first-seen order (as the sequential path reads them), placed with the
+        # offsets; then the workers split their requests' TPOT over them
+        state.process_version += 1
+        mine = {tid: p for p1 in phase1 for tid, p in p1[6].items()}
+        merged = StepParts()
+        for tid in kept:
+            if tid in mine:
+                merged.merge(mine.pop(tid), lambda r: resources[idx._res_key[_key(r)]], own=True)
+        idx._keep_steps(merged, label, applied, write=True)
+        del merged
+        tpot_key, tpot_steps = idx._tpot
+        blob = pickle.dumps(tpot_steps, protocol=pickle.HIGHEST_PROTOCOL)
         for c in pipes:
-            rows, peak = _recv(c)
+            c.send_bytes(blob)
+        del blob
+        WORKER_PEAK_KB.clear()
+        WORKER_CPU.clear()
+        for c in pipes:
+            rows, tpots, peak, times = _recv(c)
             WORKER_PEAK_KB.append(peak)
+            WORKER_CPU.append(times)
             for tid, row in rows.items():
                 k = kept[tid]
                 k.row = row
                 k.offsets = tuple(off[i] for i in k.facts.res)
+                k.tpot = tpots[tid]
+        state.tpot_key = tpot_key
     finally:
         for p in procs:
             p.join(timeout=60)
@@ -375,7 +511,6 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
     state.files = files_state
     stats.files += len(files)
     stats.partial = sum(1 for p in pending.values() if p)
-    state.process_version += 1
     return True
 
 

@@ -117,10 +117,30 @@ class TraceSlots:
             if k is not None:
                 yield tid, k
 
+    def at(self, slots: Sequence[int]) -> list[tuple[str, Kept]]:
+        """(trace id, `Kept`) of these slots."""
+        return list(zip(self.tid[slots].tolist(), self.kept[slots].tolist(), strict=True))
+
     def requests(self) -> list[tuple[str, Kept]]:
         """(trace id, `Kept`) of the run's requests, in first-seen order."""
         at = np.flatnonzero(self.request[: self.n])
         return list(zip(self.tid[at].tolist(), self.kept[at].tolist(), strict=True))
+
+    def meeting(self, windows: Sequence[tuple[int, int]], off: Sequence[int]) -> list[int]:
+        """Slots of the requests whose decode window (on the reference clock, with the
+        resources' ns offsets `off`) may meet one of `windows`: a superset, by a
+        millisecond, of those whose TPOT breakdown reads a step there."""
+        at = np.flatnonzero(self.request[: self.n] & (self.root_res[: self.n] >= 0))
+        if not len(at) or not windows:
+            return []
+        origin = self.root_iv[at, 0] - np.asarray(off, np.int64)[self.root_res[at]]
+        ttft, tpot, tokens = self.columns.decode_times(at)
+        t0 = origin + ttft * 1e6
+        t1 = t0 + tpot * (tokens - 1) * 1e6
+        hit = np.zeros(len(at), bool)
+        for lo, hi in windows:
+            hit |= (t0 - 1e6 <= hi) & (t1 + 1e6 >= lo)  # NaN (no window) meets nothing
+        return at[hit].tolist()
 
     def process_traces(self) -> list[str]:
         """The traces holding per-process spans, in first-seen order."""

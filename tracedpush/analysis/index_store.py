@@ -33,6 +33,11 @@ class TraceFacts:
     # (name, ms) of each request span by start: the console's span-duration view
     durations: tuple[tuple[str, float], ...] = ()
 
+    def as_tuple(self) -> tuple:
+        """The fields in order, for `marshal` (``TraceFacts(*t)`` makes it again)."""
+        return (self.seq, self.res, self.res_counts, self.root_res, self.root_iv, self.pairs,
+                self.engine, self.process, self.spans, self.durations)  # fmt: skip
+
 
 @dataclass(slots=True)
 class Kept:
@@ -79,32 +84,47 @@ def load_result(blob: bytes) -> RequestAnalysis:
     return pickle.loads(blob)
 
 
-def pack(spans: Iterable[Span], res_ix: dict[int, int]) -> bytes:
-    """A trace's spans as plain tuples in `marshal` (four times quicker than pickle
-    here; Python-version specific, hence in `format_key`)."""
-    return marshal.dumps(
-        [
-            (
-                s.span_id,
-                s.parent_id,
-                s.name,
-                s.kind,
-                s.start_ns,
-                s.end_ns,
-                res_ix[id(s.resource)],
-                s.attributes,
-                [(e.name, e.time_ns, e.attributes) for e in s.events],
-                s.status_code,
-                s.status_message,
-            )
-            for s in spans
-        ]
+def record(s: Span, res_ix: dict[int, int]) -> tuple:
+    """A span as the plain tuple a span database keeps (its trace id is the row's key;
+    `otlp_fast.fields` makes the same tuple straight from JSON)."""
+    return (
+        s.span_id,
+        s.parent_id,
+        s.name,
+        s.kind,
+        s.start_ns,
+        s.end_ns,
+        res_ix[id(s.resource)],
+        s.attributes,
+        [(e.name, e.time_ns, e.attributes) for e in s.events],
+        s.status_code,
+        s.status_message,
     )
 
 
+def pack(spans: Iterable[Span], res_ix: dict[int, int]) -> bytes:
+    """A trace's spans, each a `record` in `marshal` (four times quicker than pickle
+    here; Python-version specific, hence in `format_key`). One `marshal` per span, so
+    the cold build keeps each span packed as it reads it (`pack_packed`), not decoded."""
+    return marshal.dumps([marshal.dumps(record(s, res_ix)) for s in spans])
+
+
+def pack_packed(spans: list[bytes]) -> bytes:
+    """`pack` of spans already packed one by one (``marshal.dumps(record(...))``)."""
+    return marshal.dumps(spans)
+
+
 def unpack(tid: str, blob: bytes, resources: list[Resource]) -> list[Span]:
-    return [
-        Span(tid, sid, pid, name, kind, t0, t1, resources[r], attrs,
-             [Event(n, t, a) for n, t, a in evs], code, msg)
-        for sid, pid, name, kind, t0, t1, r, attrs, evs, code, msg in marshal.loads(blob)
-    ]  # fmt: skip
+    return spans_of(tid, marshal.loads(blob), resources)
+
+
+def spans_of(tid: str, packed: Iterable[bytes], resources: list[Resource]) -> list[Span]:
+    """The spans of one trace from their packed records (see `pack`)."""
+    out = []
+    loads, add = marshal.loads, out.append
+    for one in packed:
+        sid, pid, name, kind, t0, t1, r, attrs, evs, code, msg = loads(one)
+        if evs:
+            evs = [Event(n, t, a) for n, t, a in evs]
+        add(Span(tid, sid, pid, name, kind, t0, t1, resources[r], attrs, evs, code, msg))
+    return out

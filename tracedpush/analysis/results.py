@@ -352,7 +352,9 @@ class RunAnalysis:
 
         store = self.engine_steps
         if isinstance(store, LazySteps):
-            if event_cost_us is None and "contention" in store.derived:
+            if event_cost_us is None:
+                if "contention" not in store.derived:  # made once, kept with the steps
+                    store.derived["contention"] = contention(store.get() or [])
                 return store.derived["contention"]
             store = store.get()
         return contention(store or [], event_cost_us=event_cost_us)

@@ -16,13 +16,14 @@ flattens them into JSON strings (``"[1,2,3]"``), which are parsed here too.
 from __future__ import annotations
 
 import json
-from bisect import bisect_right
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from statistics import median
 from typing import Any
 
+import numpy as np
+
 from tracedpush import semconv as sc
+from tracedpush.analysis import steps_columns as cols
 from tracedpush.analysis.model import Resource, Span
 
 PROCESS_SPANS = frozenset(sc.PROCESS_SPANS)
@@ -345,174 +346,274 @@ class EngineInfo:
     host: str
 
 
-@dataclass
-class EngineSteps:
-    """Every engine's steps (joined, time-ordered) and every thread sample of a run."""
+class _StepLists(Mapping[str, list[EngineStep]]):
+    """`EngineSteps.steps`: engine id -> its steps as objects, made on first read."""
 
-    steps: dict[str, list[EngineStep]] = field(default_factory=dict)  # engine id -> steps
-    samples: list[ThreadSample] = field(default_factory=list)
-    engines: dict[str, EngineInfo] = field(default_factory=dict)
-    spans: int = 0  # process spans read
-    _starts: dict[str, list[int]] = field(default_factory=dict, repr=False)
-    # per engine, the latest end among steps[0..i] (nondecreasing: bisectable)
-    _max_end: dict[str, list[int]] = field(default_factory=dict, repr=False)
+    def __init__(self, store: EngineSteps) -> None:
+        self._store = store
+
+    def __getitem__(self, engine_id: str) -> list[EngineStep]:
+        return self._store._objects(engine_id)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._store.columns)
+
+    def __len__(self) -> int:
+        return len(self._store.columns)
+
+    def __contains__(self, engine_id: object) -> bool:
+        return engine_id in self._store.columns
+
+
+class StepParts:
+    """Process spans parsed but not joined: per engine and side, column blocks in span
+    order; thread samples; engines as first seen. The analysis index's build workers
+    each parse their traces' and the parent merges them in the traces' order, which
+    makes what one reader of every span makes."""
+
+    def __init__(self, numbered_as: StepParts | None = None) -> None:
+        """`numbered_as`: share its origin numbers (merging then copies no block)."""
+        # (clock owner, role) of a block's steps
+        self.origins: list[tuple[Resource, str]] = []
+        self._origin_of: dict[tuple[int, str], int] = {}
+        if numbered_as is not None:
+            self.origins, self._origin_of = numbered_as.origins, numbered_as._origin_of
+        self.sched: dict[str, list[cols.Columns]] = {}
+        self.work: dict[str, list[cols.Columns]] = {}
+        self.samples: list[ThreadSample] = []
+        self.engines: dict[str, EngineInfo] = {}
+        self.spans = 0
+        self.resources: dict[int, Resource] = {}  # every process span's, as first seen
+
+    def __getstate__(self) -> dict[str, Any]:
+        # ids mean nothing in another process
+        return {**self.__dict__, "_origin_of": {}, "resources": list(self.resources.values())}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.resources = {id(r): r for r in state["resources"]}
 
     def __bool__(self) -> bool:
-        return bool(self.steps or self.samples)
+        return bool(self.spans)
+
+    def _origin(self, res: Resource, role: str) -> int:
+        key = (id(res), role)
+        origin = self._origin_of.get(key)
+        if origin is None:
+            origin = self._origin_of[key] = len(self.origins)
+            self.origins.append((res, role))
+        return origin
+
+    def add(self, s: Span) -> None:
+        if s.name == sc.SPAN_ENGINE_STEPS:
+            side, block = _span_columns(s, self._origin(s.resource, _role(s)))
+            (self.work if side == "worker" else self.sched).setdefault(_engine(s), []).append(block)
+        elif s.name == sc.SPAN_ENGINE_THREADS:
+            self.samples.append(sample_from_span(s))
+        else:
+            return
+        self.resources.setdefault(id(s.resource), s.resource)
+        self.spans += 1
+        eid = _engine(s)
+        if eid not in self.engines:
+            self.engines[eid] = EngineInfo(eid, _role(s), s.resource.host)
+
+    def merge(
+        self, other: StepParts, resource: Callable[[Resource], Resource], *, own: bool = False
+    ) -> None:
+        """Append `other`'s parts; `resource` maps its resources onto this reader's.
+        Blocks are shared, not copied, when both number origins alike, or renumbered in
+        place when `own` (`other` is used up: a build worker's, unpickled)."""
+        same = other.origins is self.origins
+        if not same:
+            remap = np.array([self._origin(resource(r), role) for r, role in other.origins] or [0])
+        for mine, theirs in ((self.sched, other.sched), (self.work, other.work)):
+            for eid, blocks in theirs.items():
+                out = mine.setdefault(eid, [])
+                if same:
+                    out += blocks
+                    continue
+                for b in blocks:
+                    b = b if own else b.copy()
+                    b[cols.ORIGIN] = remap[b[cols.ORIGIN]]
+                    out.append(b)
+        self.samples += other.samples
+        for r in other.resources.values():
+            mine = resource(r)
+            self.resources.setdefault(id(mine), mine)
+        for eid, info in other.engines.items():
+            self.engines.setdefault(eid, info)
+        self.spans += other.spans
+
+    def store(self) -> EngineSteps:
+        """The joined steps (raw clocks; see `EngineSteps.place`). Uses the parts up:
+        each engine's blocks are let go once joined (at 200,000 requests they, their
+        concatenation and the join's output are 600 MB each)."""
+        store = EngineSteps()
+        store.origins = self.origins
+        store.samples = sorted(self.samples, key=lambda x: x.time_ns)
+        store.engines = dict(self.engines)
+        store.spans = self.spans
+        origin_of = {(id(r), role): i for i, (r, role) in enumerate(self.origins)}
+        for eid in sorted(set(self.sched) | set(self.work)):
+            s_cols = cols.concat(self.sched.pop(eid, ()))
+            w_cols = cols.concat(self.work.pop(eid, ()))
+            joined = cols.join(s_cols, w_cols, _JOIN_SLACK_NS)
+            if joined is None:  # records too close for the array join: the reference one
+                objs = join(store._make(eid, s_cols), store._make(eid, w_cols))
+                joined = _as_columns(objs, origin_of)
+            store.columns[eid] = joined
+        return store
+
+    def placed(self, resources: Iterable[Resource], applied_ms: dict[str, float]) -> EngineSteps:
+        """The joined steps moved onto the reference clock. `resources`: the request
+        spans' (their clock domains carry the offsets); `applied_ms`: domain label ->
+        offset applied (ms), as `analyze` computed them."""
+        from tracedpush.analysis import skew
+
+        store = self.store()  # uses the parts up
+        if not store.columns or not applied_ms:
+            return store
+        dom = skew.domains([*resources, *self.resources.values()])
+        by_id = {id(r): round(applied_ms.get(label, 0.0) * 1e6) for r, label in dom.items()}
+        store.place(lambda r: by_id.get(id(r), 0))
+        return store
+
+
+class EngineSteps:
+    """Every engine's steps (joined, time-ordered) and every thread sample of a run.
+
+    The steps are kept as columns (`steps_columns`); ``steps`` makes an engine's
+    `EngineStep` objects when it is read, `overlapping` only those of the window."""
+
+    def __init__(self) -> None:
+        # engine id -> its steps as columns, sorted by (start, seq)
+        self.columns: dict[str, cols.Columns] = {}
+        self.origins: list[tuple[Resource, str]] = []  # a step's (clock owner, role)
+        self.samples: list[ThreadSample] = []
+        self.engines: dict[str, EngineInfo] = {}
+        self.spans = 0  # process spans read
+        self._lists: dict[str, list[EngineStep]] = {}
+        # per engine, the latest end among steps[0..i] (nondecreasing: bisectable)
+        self._max_end: dict[str, np.ndarray] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_lists": {}, "_max_end": {}}
+
+    def __bool__(self) -> bool:
+        return bool(self.columns or self.samples)
+
+    @property
+    def steps(self) -> Mapping[str, list[EngineStep]]:
+        return _StepLists(self)
 
     @classmethod
     def from_spans(cls, spans: Iterable[Span]) -> EngineSteps:
-        sched: dict[str, list[EngineStep]] = {}
-        work: dict[str, list[EngineStep]] = {}
-        store = cls()
+        """From process spans, one at a time (a big run's need not be in memory at once)."""
+        parts = StepParts()
         for s in spans:
-            if s.name == sc.SPAN_ENGINE_STEPS:
-                side, steps = steps_from_span(s)
-                (work if side == "worker" else sched).setdefault(_engine(s), []).extend(steps)
-            elif s.name == sc.SPAN_ENGINE_THREADS:
-                store.samples.append(sample_from_span(s))
-            else:
-                continue
-            store.spans += 1
-            eid = _engine(s)
-            if eid not in store.engines:
-                store.engines[eid] = EngineInfo(eid, _role(s), s.resource.host)
-        for eid in sorted(set(sched) | set(work)):
-            store.steps[eid] = join(sched.get(eid, ()), work.get(eid, ()))
-        store.samples.sort(key=lambda x: x.time_ns)
-        return store
+            parts.add(s)
+        return parts.store()
 
     def place(self, offset_ns: Callable[[Resource], int]) -> None:
         """Move every step onto the reference (proxy) clock: t - offset of its instance.
         Call once; thread samples keep their raw times (only deltas are used)."""
-        for steps in self.steps.values():
-            for st in steps:
-                off = offset_ns(st.domain) if st.domain is not None else 0
-                if off:
-                    st.start_ns -= off
-                    st.end_ns -= off
-                    if st.scheduled_ns is not None:
-                        st.scheduled_ns -= off
-            steps.sort(key=lambda s: (s.start_ns, s.seq))
-        self._starts = {}
+        off = cols.origin_offsets(self.origins, offset_ns)
+        self.columns = {eid: cols.place(c, off) for eid, c in self.columns.items()}
+        self._lists = {}
         self._max_end = {}
+
+    def _make(self, engine_id: str, c: cols.Columns, at: Any = slice(None)) -> list[EngineStep]:
+        out = []
+        for r in cols.rows(c, at):
+            res, role = self.origins[r[cols.ORIGIN]]
+            out.append(EngineStep(engine_id, role, res.host, *r[: cols.ORIGIN], domain=res))
+        return out
+
+    def _objects(self, engine_id: str) -> list[EngineStep]:
+        got = self._lists.get(engine_id)
+        if got is None:
+            got = self._lists[engine_id] = self._make(engine_id, self.columns[engine_id])
+        return got
+
+    def has_worker_steps(self, engine_id: str) -> bool:
+        c = self.columns.get(engine_id)
+        return c is not None and bool(cols.has_worker(c).any())
 
     def worker_steps(self, engine_id: str) -> list[EngineStep]:
         return [s for s in self.steps.get(engine_id, ()) if s.has_worker]
 
     def overlapping(self, engine_id: str, t0_ns: int, t1_ns: int) -> list[EngineStep]:
         """Worker-recorded steps of one engine that overlap [t0, t1] (time order)."""
-        steps = self.steps.get(engine_id)
-        if not steps:
+        c = self.columns.get(engine_id)
+        if c is None or not c.shape[1]:
             return []
-        starts = self._starts.get(engine_id)
-        if starts is None:
-            starts = self._starts[engine_id] = [s.start_ns for s in steps]
-            latest, ends = 0, []
-            for s in steps:
-                latest = max(latest, s.end_ns)
-                ends.append(latest)
-            self._max_end[engine_id] = ends
+        ends = self._max_end.get(engine_id)
+        if ends is None:
+            ends = self._max_end[engine_id] = np.maximum.accumulate(np.maximum(c[cols.END], 0))
         # the first step that ends after t0: every step before it ends by t0. (Starting
         # from t0 minus the longest step scanned most of a long run for every request.)
-        i = bisect_right(self._max_end[engine_id], t0_ns)
-        out = []
-        for s in steps[i:]:
-            if s.start_ns > t1_ns:
-                break
-            if s.has_worker and s.end_ns > t0_ns:
-                out.append(s)
-        return out
+        i = int(np.searchsorted(ends, t0_ns, side="right"))
+        j = int(np.searchsorted(c[cols.START], t1_ns, side="right"))
+        if j <= i:
+            return []
+        seg = c[:, i:j]
+        at = np.nonzero(cols.has_worker(seg) & (seg[cols.END] > t0_ns))[0] + i
+        made = self._lists.get(engine_id)
+        return [made[k] for k in at.tolist()] if made is not None else self._make(engine_id, c, at)
 
     def solo_forward_us(self, engine_id: str) -> float | None:
         """The forward cost of a step with one decode request and nothing else: the median
         forward of such steps, else the smallest forward of steps that computed anything
         (scheduler record: at least one request; no scheduler record: forward > 0)."""
-        return _solo(self.steps.get(engine_id, ()))
+        c = self.columns.get(engine_id)
+        return None if c is None else cols.solo_forward_us(c)
 
     def summary(self) -> dict[str, dict[str, Any]]:
         """Per engine: steps, median step ms, forward, connector share, loads."""
         out: dict[str, dict[str, Any]] = {}
-        for eid, steps in sorted(self.steps.items()):
+        for eid in sorted(self.columns):
             info = self.engines.get(eid)
-            work = [s for s in steps if s.has_worker]
-            durs = [s.duration_us or 0 for s in work]
-            busy = [s for s in work if s.num_reqs is None or s.num_reqs > 0]
-            conn = sum(s.connector_us or 0 for s in work)
-            total = sum(durs)
-            parts = {
-                "bind": sum(s.bind_us or 0 for s in work) / 1000.0,
-                "start_load_kv": sum(s.load_us or 0 for s in work) / 1000.0,
-                "wait_for_save": sum(s.save_us or 0 for s in work) / 1000.0,
-                "results": sum(s.results_us or 0 for s in work) / 1000.0,
-            }
-            solo = _solo(steps)
-            out[eid] = {
-                "role": info.role if info else "",
-                "host": info.host if info else "",
-                "steps": len(steps),
-                "worker_steps": len(work),
-                "scheduler_steps": sum(1 for s in steps if s.has_scheduler),
-                "joined_steps": sum(1 for s in steps if s.has_scheduler and s.has_worker),
-                "busy_steps": len(busy),
-                "median_step_ms": _r(median(durs) / 1000.0) if durs else None,
-                "median_busy_step_ms": (
-                    _r(median(s.duration_us or 0 for s in busy) / 1000.0) if busy else None
-                ),
-                "solo_forward_ms": None if solo is None else _r(solo / 1000.0),
-                "step_ms_total": _r(total / 1000.0),
-                "connector_ms_total": _r(conn / 1000.0),
-                "connector_share": _r(conn / total) if total else None,
-                "connector_parts_ms": {k: _r(v) for k, v in parts.items()},
-                "prefill_tokens": sum(s.prefill_tokens or 0 for s in steps),
-                "loads_started": sum(s.loads_started or 0 for s in work),
-                "loads_finished": sum(s.loads_finished or 0 for s in work),
-            }
+            role, host = (info.role, info.host) if info else ("", "")
+            out[eid] = cols.summary(self.columns[eid], role, host)
         return out
 
 
-def _solo(steps: Sequence[EngineStep]) -> float | None:
-    solo = [
-        s.forward_us
-        for s in steps
-        if s.has_worker
-        and s.decode_reqs == 1
-        and (s.prefill_tokens or 0) == 0
-        and s.num_reqs in (None, 1)
-    ]
-    solo_f = [float(x) for x in solo if x is not None]
-    if solo_f:
-        return float(median(solo_f))
-    busy = [
-        float(s.forward_us)
-        for s in steps
-        if s.forward_us is not None
-        and (
-            (s.num_reqs is not None and s.num_reqs > 0) or (s.num_reqs is None and s.forward_us > 0)
-        )
-    ]
-    return min(busy) if busy else None
+def _span_columns(span: Span, origin: int) -> tuple[str, cols.Columns]:
+    """(side, the steps of one ``engine.steps`` span as columns): `steps_from_span`'s."""
+    a = span.attributes
+
+    def column(key: str, n: int) -> np.ndarray:
+        return cols.int_column(array(a.get(key)), n, lambda: _ints(a, key, n))
+
+    n = len(array(a.get(sc.STEP_SEQ)))
+    side = _side(span)
+    return side, cols.block(side, column, n, column(sc.STEP_SEQ, n), origin)
 
 
-def _r(x: float) -> float:
-    return round(x, 4)
+def _as_columns(steps: Sequence[EngineStep], origin_of: dict[tuple[int, str], int]) -> cols.Columns:
+    if not steps:
+        return cols.empty()
+    none = cols.NONE
+    return np.array(
+        [
+            [none if v is None else v for v in (
+                s.seq, s.start_ns, s.end_ns, s.scheduled_ns, s.prefill_tokens, s.decode_reqs,
+                s.num_reqs, s.duration_us, s.connector_us, s.bind_us, s.load_us, s.save_us,
+                s.results_us, s.loads_started, s.loads_finished,
+            )] + [origin_of[(id(s.domain), s.role)]]
+            for s in steps
+        ],
+        np.int64,
+    ).T.copy()  # fmt: skip
 
 
 def placed(
     spans: Iterable[Span], resources: Iterable[Resource], applied_ms: dict[str, float]
 ) -> EngineSteps:
-    """An `EngineSteps` from process spans, moved onto the reference clock.
-
-    `resources`: the request spans' resources (their clock domains carry the offsets);
-    `applied_ms`: domain label -> offset applied (ms), as `analyze` computed them."""
-    from tracedpush.analysis import skew
-
-    spans = list(spans)
-    store = EngineSteps.from_spans(spans)
-    if not store.steps or not applied_ms:
-        return store
-    own = {id(s.resource): s.resource for s in spans}
-    dom = skew.domains([*resources, *own.values()])
-    by_id = {id(r): round(applied_ms.get(label, 0.0) * 1e6) for r, label in dom.items()}
-    store.place(lambda r: by_id.get(id(r), 0))
-    return store
+    """An `EngineSteps` from process spans, moved onto the reference clock
+    (`StepParts.placed`)."""
+    parts = StepParts()
+    for s in spans:
+        parts.add(s)
+    return parts.placed(resources, applied_ms)

@@ -133,7 +133,7 @@ def attach_facts(
     for r, eid, t0, t1 in windows(requests, facts, store.steps, decode_engines):
         if eid not in solo:  # once per engine (a list of every step per request was
             solo[eid] = store.solo_forward_us(eid)  # quadratic in the run)
-            working[eid] = any(s.has_worker for s in store.steps.get(eid, ()))
+            working[eid] = store.has_worker_steps(eid)
         if not working[eid]:
             continue
         r.tpot_breakdown_ms = breakdown(

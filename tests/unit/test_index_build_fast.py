@@ -1,0 +1,350 @@
+"""The cold build's typed span decoder (`otlp_fast`) gives exactly `otlp.Decoder.span`'s
+spans, on real and synthetic spans and on every odd shape it must hand back to
+`Decoder.span` (the fallback), and its packed spans unpack to the same spans."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import marshal
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tracedpush.analysis import index_build, otlp_fast
+from tracedpush.analysis.index_store import (
+    SHARDS,
+    pack,
+    pack_packed,
+    record,
+    shard_of,
+    unpack,
+)
+from tracedpush.analysis.model import Resource, Span
+from tracedpush.analysis.otlp import Decoder
+from tracedpush.testing import synthetic
+
+REAL = Path(__file__).resolve().parent.parent / "data" / "real-run.jsonl.gz"
+RES = Resource("svc", "inst", "host", "1", {})
+TID = "5b8efff798038103d269b633813fc60c"
+SID = "eee19b7ec3c1b174"
+
+
+def spans_of_docs(docs: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for doc in docs:
+        for rs in doc["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                yield from ss["spans"]
+
+
+def reference(raw: bytes) -> Span | type[Exception]:
+    """`Decoder.span` of `raw`, or the type of what it raises."""
+    try:
+        return Decoder.span(json.loads(raw), RES)
+    except Exception as exc:  # compared with the typed path's outcome
+        return type(exc)
+
+
+def typed(raw: bytes) -> Span | type[Exception]:
+    try:
+        return otlp_fast.span(raw, RES)
+    except Exception as exc:
+        return type(exc)
+
+
+def check(raw: bytes, *, fast: bool | None = None) -> None:
+    """The typed path equals `Decoder.span` (by repr: types, key order and NaN count);
+    `fast`: whether it must (not) fall back."""
+    assert repr(typed(raw)) == repr(reference(raw)), raw
+    if fast is not None:
+        assert (otlp_fast.fields(raw, 0) is not None) == fast, raw
+
+
+def test_real_and_synthetic_spans_decode_alike() -> None:
+    run = synthetic.generate(40, seed=3, batch=4)
+    with gzip.open(REAL, "rt") as fh:
+        real = [json.loads(line) for line in fh if line.strip()]
+    n = 0
+    for s in [*spans_of_docs(run.documents), *spans_of_docs(real)]:
+        for raw in (json.dumps(s).encode(), json.dumps(s, separators=(",", ":")).encode()):
+            check(raw, fast=True)
+            n += 1
+    assert n > 1000
+
+
+def span(**over: Any) -> bytes:
+    s: dict[str, Any] = {
+        "traceId": TID,
+        "spanId": SID,
+        "parentSpanId": "",
+        "name": "x",
+        "kind": 2,
+        "startTimeUnixNano": "1000",
+        "endTimeUnixNano": "2000",
+        "attributes": [],
+        "status": {"code": 0},
+    }
+    for k, v in over.items():
+        if v is _DROP:
+            s.pop(k, None)
+        else:
+            s[k] = v
+    return json.dumps(s, separators=(",", ":")).encode()
+
+
+_DROP = object()
+
+
+def attr(value: Any) -> bytes:
+    return span(attributes=[{"key": "a", "value": value}, {"key": "b", "value": {"intValue": "7"}}])
+
+
+def ints(*texts: str) -> dict[str, Any]:
+    return {"arrayValue": {"values": [{"intValue": t} for t in texts]}}
+
+
+@pytest.mark.parametrize(
+    ("raw", "fast"),
+    [
+        # ids: uppercase hex, base64 (protobuf JSON), missing parent, bad ids
+        (span(traceId=TID.upper(), spanId=SID.upper(), parentSpanId=SID.upper()), True),
+        (span(traceId=base64.b64encode(bytes.fromhex(TID)).decode()), True),
+        (span(spanId=base64.b64encode(bytes.fromhex(SID)).decode()), True),
+        (span(parentSpanId=base64.b64encode(bytes.fromhex(SID)).decode()), True),
+        (span(parentSpanId=_DROP), True),
+        (span(parentSpanId=None), True),
+        (span(traceId="zz"), False),
+        (span(traceId=5), False),
+        (span(spanId=_DROP), False),
+        # times: numbers, missing or null end, end 0 (a number and a string), backwards
+        (span(startTimeUnixNano=1000, endTimeUnixNano=2000), True),
+        (span(endTimeUnixNano=_DROP), True),
+        (span(endTimeUnixNano=None), True),
+        (span(endTimeUnixNano=0), False),
+        (span(endTimeUnixNano="0"), False),
+        (span(endTimeUnixNano="500"), False),
+        (span(startTimeUnixNano="1e3"), False),
+        (span(startTimeUnixNano=_DROP), False),
+        # kind and status: names, numbers, odd types
+        (span(kind="SPAN_KIND_CLIENT"), True),
+        (span(kind="2"), True),
+        (span(kind=3.0), True),
+        (span(kind=None), False),
+        (span(kind=_DROP), True),
+        (span(status={}), True),
+        (span(status=None), True),
+        (span(status=_DROP), True),
+        (span(status={"code": "STATUS_CODE_ERROR", "message": "boom"}), True),
+        (span(status={"code": 2, "message": None}), True),
+        (span(status={"code": "ERROR", "other": 1}), True),
+        (span(status=[]), False),
+        (span(name=_DROP), False),
+        (span(name=7), True),
+        (span(traceState="x", links=[], droppedAttributesCount=0, flags=1), True),
+        # events
+        (
+            span(
+                events=[
+                    {
+                        "timeUnixNano": "1500",
+                        "name": "e",
+                        "attributes": [{"key": "k", "value": {"stringValue": "v"}}],
+                    },
+                    {"name": "no-time"},
+                    {"timeUnixNano": 1600},
+                    {"timeUnixNano": "0", "name": None, "attributes": None},
+                ]
+            ),
+            True,
+        ),
+        (span(events=[]), True),
+        (span(events=None), True),
+        (span(events={}), False),
+        (span(events=[{"timeUnixNano": "x"}]), False),
+        # attribute values: every kind, odd types, several fields, unknown ones
+        (attr({"stringValue": 'é " \\ \u2603'}), True),
+        (attr({"stringValue": None}), True),
+        (attr({"stringValue": 5}), True),
+        (attr({"intValue": 5}), True),
+        (attr({"intValue": "-5"}), True),
+        (attr({"intValue": "1e3"}), False),
+        (attr({"intValue": "12.0"}), False),
+        (attr({"intValue": 12.0}), True),
+        (attr({"intValue": " 12"}), True),
+        (attr({"doubleValue": 1}), True),
+        (attr({"doubleValue": 1.25}), True),
+        (attr({"doubleValue": "NaN"}), True),
+        (attr({"doubleValue": "1.5"}), True),
+        (attr({"boolValue": True}), True),
+        (attr({"boolValue": "false"}), True),
+        (attr({"boolValue": 0}), True),
+        (attr({}), True),
+        (attr(None), True),
+        (attr({"kvlistValue": {"values": [{"key": "k", "value": {"intValue": "1"}}]}}), False),
+        (attr({"bytesValue": "AAEC"}), False),
+        (attr({"stringValue": "s", "intValue": "1"}), False),
+        (attr({"intValue": "1", "stringValue": "s"}), False),
+        (attr({"intValue": "1", "doubleValue": 2.0}), False),
+        (attr({"foo": 1}), False),
+        (attr("plain"), False),
+        (span(attributes=[{"value": {"stringValue": "no key"}}]), False),
+        (span(attributes=[{"key": "k"}]), True),
+        (span(attributes=None), True),
+        (span(attributes={}), False),
+        # arrays: all ints (plain and not), strings, doubles, mixed, nested, empty
+        (attr(ints("1", "-22", "333", "0")), True),
+        (attr(ints("01", "2")), True),
+        (attr(ints("+5")), True),
+        (attr(ints(" 5")), True),
+        (attr(ints("1e3")), False),
+        (attr(ints("")), False),
+        (attr(ints("1", "x")), False),
+        (attr(ints("99999999999999999999999999")), True),
+        (attr({"arrayValue": {"values": [{"intValue": 1}, {"intValue": "2"}]}}), True),
+        (attr({"arrayValue": {"values": [{"intValue": "1", "stringValue": "s"}]}}), False),
+        (attr({"arrayValue": {"values": [{"intValue": "1"}, {"stringValue": "s"}]}}), True),
+        (attr({"arrayValue": {"values": [{"stringValue": "a"}, {"stringValue": None}]}}), True),
+        (attr({"arrayValue": {"values": [{"doubleValue": 1.5}, {"doubleValue": 2}]}}), True),
+        (attr({"arrayValue": {"values": [{"boolValue": True}, {}]}}), True),
+        (attr({"arrayValue": {"values": [{"arrayValue": {"values": [{"intValue": "3"}]}}]}}), True),
+        (attr({"arrayValue": {"values": [5]}}), False),
+        (attr({"arrayValue": {"values": []}}), True),
+        (attr({"arrayValue": {"values": None}}), True),
+        (attr({"arrayValue": {}}), True),
+        (attr({"arrayValue": None}), True),
+        (attr({"arrayValue": []}), False),
+        (attr({"arrayValue": {"values": [{"intValue": "1"}], "x": 1}}), True),
+    ],
+)
+def test_odd_spans_decode_alike(raw: bytes, fast: bool) -> None:
+    check(raw, fast=fast)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"traceId":"' + TID.encode() + b'","spanId":"' + SID.encode() + b'",'
+        b'"name":"x","startTimeUnixNano":"1","name":"y"}',  # a repeated key: the last
+        b'{"traceId":"' + TID.encode() + b'","spanId":"' + SID.encode() + b'",'
+        b'"name":"x","startTimeUnixNano":"1","attributes":[{"key":"a","value":'
+        b'{"stringValue":"\\ud800"}}]}',  # a lone surrogate
+        b'{"traceId":"' + TID.encode() + b'","spanId":"' + SID.encode() + b'",'
+        b'"name":"x","startTimeUnixNano":"1","attributes":[{"key":"a","value":'
+        b'{"doubleValue":NaN}}]}',  # not JSON, but json.loads reads it
+        b'{"traceId":"' + TID.encode() + b'","spanId":"' + SID.encode() + b'",'
+        b'"name":"x","startTimeUnixNano":"1","attributes":[{"key":"a","value":'
+        b'{"arrayValue":{"values":[{"intValue":"1"} , {"intValue":"2"}]}}}]}',  # blanks
+        b"[]",
+        b"null",
+        b'"span"',
+    ],
+)
+def test_odd_documents_decode_alike(raw: bytes) -> None:
+    check(raw)
+
+
+def test_packed_spans_unpack_to_the_same_spans() -> None:
+    run = synthetic.generate(12, seed=5, batch=4)
+    res = [RES, Resource("b", "b", "b", "2", {})]
+    spans = [otlp_fast.span(json.dumps(s).encode(), res[i % 2])
+             for i, s in enumerate(spans_of_docs(run.documents))]  # fmt: skip
+    res_ix = {id(r): i for i, r in enumerate(res)}
+    by_trace: dict[str, list[Span]] = {}
+    for s in spans:
+        by_trace.setdefault(s.trace_id, []).append(s)
+    for tid, some in by_trace.items():
+        assert unpack(tid, pack(some, res_ix), res) == some
+        # the cold build packs each span from its JSON as it reads it: the same records
+        read = [otlp_fast.fields(json.dumps(_raw(s)).encode(), res_ix[id(s.resource)])
+                for s in some]  # fmt: skip
+        assert repr([rec for _tid, rec in read]) == repr([record(s, res_ix) for s in some])
+        assert unpack(tid, pack_packed([marshal.dumps(r) for _t, r in read]), res) == some
+
+
+def _raw(s: Span) -> dict[str, Any]:
+    """An OTLP JSON span for `s` (for the packing comparison)."""
+
+    def kv(attrs: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"key": k, "value": _any(v)} for k, v in attrs.items()]
+
+    return {
+        "traceId": s.trace_id, "spanId": s.span_id, "parentSpanId": s.parent_id,
+        "name": s.name, "kind": s.kind, "startTimeUnixNano": str(s.start_ns),
+        "endTimeUnixNano": str(s.end_ns), "attributes": kv(s.attributes),
+        "events": [{"name": e.name, "timeUnixNano": str(e.time_ns),
+                    "attributes": kv(e.attributes)} for e in s.events],
+        "status": {"code": s.status_code, "message": s.status_message},
+    }  # fmt: skip
+
+
+def _any(v: Any) -> dict[str, Any]:
+    if isinstance(v, bool):
+        return {"boolValue": v}
+    if isinstance(v, int):
+        return {"intValue": str(v)}
+    if isinstance(v, float):
+        return {"doubleValue": v}
+    if isinstance(v, list):
+        return {"arrayValue": {"values": [_any(x) for x in v]}}
+    return {"stringValue": v}
+
+
+@pytest.mark.parametrize("tid", [TID, TID.upper(), "00" * 16, "ff" * 16, "0123456789abcdef" * 2])
+def test_shard_of_raw_ids(tid: str) -> None:
+    """The worker's shard test on a raw lowercase id is `shard_of` of the decoded id."""
+    raw = span(traceId=tid)
+    head = raw[: index_build._TID_END + 1]
+    plain = head.endswith(b'"') and not head[12:44].translate(None, index_build._LOWER_HEX)
+    assert plain == (tid == tid.lower())
+    if plain:
+        assert zlib.crc32(head[12:44]) % SHARDS == shard_of(tid.lower())
+    assert index_build._trace_id(raw) == tid.lower()
+
+
+def test_parallel_build_with_odd_spans_equals_analyze(tmp_path: Path) -> None:
+    """Spans the typed path hands back (uppercase and base64 ids, kvlist and bytes
+    values), malformed spans and repeated ones: the parallel build keeps and counts what
+    the sequential read does."""
+    from tracedpush.analysis import TraceStore, analyze
+    from tracedpush.analysis.index import AnalysisIndex
+
+    run = synthetic.generate(60, seed=11, batch=4)
+    for i, s in enumerate(spans_of_docs(run.documents)):
+        if i % 7 == 1:
+            s["traceId"] = s["traceId"].upper()
+        elif i % 7 == 2:
+            s["spanId"] = base64.b64encode(bytes.fromhex(s["spanId"])).decode()
+        elif i % 7 == 3:
+            s.setdefault("attributes", []).append(
+                {"key": "kv", "value": {"kvlistValue": {"values": [
+                    {"key": "k", "value": {"intValue": "1"}}]}}})  # fmt: skip
+        elif i % 7 == 4:
+            s.setdefault("attributes", []).append({"key": "b", "value": {"bytesValue": "AA=="}})
+        elif i % 7 == 5 and i % 2:
+            s["traceId"] = base64.b64encode(bytes.fromhex(s["traceId"])).decode()
+    docs = run.files
+    first = next(iter(docs))
+    one = docs[first][0]["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    one.append(dict(one[0]))  # a repeated span
+    one.append({**one[0], "spanId": "ab" * 8, "endTimeUnixNano": "1"})  # ends too early
+    one.append({**one[0], "spanId": "cd" * 8, "name": None, "kind": None})  # malformed
+    d = tmp_path / "traces"
+    run.write(d)
+    store = TraceStore.from_paths([d])
+    want = analyze(store, spans=False)
+    index_build.WORKER_PEAK_KB.clear()
+    idx = AnalysisIndex([d], parallel=True)
+    got = idx.update()
+    idx.close()
+    assert len(index_build.WORKER_PEAK_KB) == SHARDS  # built in parallel, not sequentially
+    assert got.stats.spans > 0 and got.stats.duplicates > 0 and got.stats.malformed > 0
+    assert [r.trace_id for r in got.requests] == [r.trace_id for r in want.requests]
+    for x, y in zip(got.requests, want.requests, strict=True):
+        assert x == y, x.trace_id
+    mine, theirs = got.stats.to_json(), store.stats.to_json()
+    del mine["errors"], theirs["errors"]
+    assert mine == theirs

@@ -1,0 +1,263 @@
+"""Engine steps as columns: one int64 row per field, one column per step.
+
+A 200,000-request run has about 4.7 million engine steps. As `EngineStep` objects they
+cost the analysis index's build tens of seconds of CPU in one process and GBs of memory.
+Here each ``engine.steps`` span's arrays become numpy rows at once, scheduler and worker
+records are joined on seq with array operations, and `EngineStep` objects are made only
+for what a caller reads (a request's window, one engine's list).
+
+`steps.join` stays the reference. The array join is exact only when no two records of
+one side with the same seq lie within twice the join slack of each other (then each
+worker record has at most one scheduler candidate and the pairs are neighbours in
+(seq, start) order); an engine whose records are closer (TP ranks, a restart within
+20 s) is joined by `steps.join`, record by record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tracedpush import semconv as sc
+from tracedpush.analysis.model import Resource
+
+NONE = int(np.iinfo(np.int64).min)  # a field the step's record did not carry (None)
+_MAX = int(np.iinfo(np.int64).max)
+FIELDS = (
+    "seq", "start_ns", "end_ns", "scheduled_ns", "prefill_tokens", "decode_reqs", "num_reqs",
+    "duration_us", "connector_us", "bind_us", "load_us", "save_us", "results_us",
+    "loads_started", "loads_finished",
+    "origin",  # index into `StepBuilder.origins`: (the emitting resource, the engine's role)
+)  # fmt: skip
+F = {name: i for i, name in enumerate(FIELDS)}
+SEQ, START, END, SCHED = F["seq"], F["start_ns"], F["end_ns"], F["scheduled_ns"]
+DURATION, CONNECTOR, ORIGIN = F["duration_us"], F["connector_us"], F["origin"]
+NUM_REQS, DECODE_REQS, PREFILL = F["num_reqs"], F["decode_reqs"], F["prefill_tokens"]
+FROM_SCHEDULER = [SCHED, PREFILL, DECODE_REQS, NUM_REQS]  # what a join takes of that side
+_WORKER_ARRAYS = (
+    (sc.STEP_CONNECTOR_US, "connector_us"),
+    (sc.STEP_BIND_US, "bind_us"),
+    (sc.STEP_LOAD_US, "load_us"),
+    (sc.STEP_SAVE_US, "save_us"),
+    (sc.STEP_RESULTS_US, "results_us"),
+    (sc.STEP_LOADS_STARTED, "loads_started"),
+    (sc.STEP_LOADS_FINISHED, "loads_finished"),
+)
+_SCHEDULER_ARRAYS = (
+    (sc.STEP_PREFILL_TOKENS, "prefill_tokens"),
+    (sc.STEP_DECODE_REQS, "decode_reqs"),
+    (sc.STEP_NUM_REQS, "num_reqs"),
+)
+Columns = np.ndarray  # shape (len(FIELDS), steps), int64
+
+
+def empty() -> Columns:
+    return np.empty((len(FIELDS), 0), np.int64)
+
+
+def int_column(values: list[Any], n: int, ints: Callable[[], list[int | None]]) -> np.ndarray:
+    """Elements 0..n-1 of an array attribute as int64, `NONE` where absent or not an int.
+    Plain int arrays (every exporter's) convert at once; anything else goes element by
+    element through `ints` (`steps._ints`, the object path's conversion)."""
+    if n == 0:
+        return np.empty(0, np.int64)
+    if len(values) >= n:
+        try:
+            arr = np.array(values[:n])
+        except (ValueError, OverflowError, TypeError):
+            arr = None
+        if arr is not None and arr.dtype == np.int64 and arr.ndim == 1:
+            return arr
+    out = np.full(n, NONE, np.int64)
+    for i, v in enumerate(ints()):
+        if v is not None and NONE < v <= _MAX:  # beyond int64: not a step's number
+            out[i] = v
+    return out
+
+
+def block(
+    side: str,
+    column: Callable[[str, int], np.ndarray],
+    n: int,
+    seq: np.ndarray,
+    origin: int,
+) -> Columns:
+    """One span's steps (as `steps.steps_from_span` makes them) as columns; `column(key,
+    n)` reads one array attribute. Records without a seq or a start are dropped."""
+    start = column(sc.STEP_START_NS, n)
+    b = np.full((len(FIELDS), n), NONE, np.int64)
+    b[SEQ], b[START], b[ORIGIN] = seq, start, origin
+    if side == "worker":
+        d = column(sc.STEP_DURATION_US, n)
+        d[d == NONE] = 0
+        b[DURATION] = d
+        b[END] = start + d * 1000
+        for key, name in _WORKER_ARRAYS:
+            b[F[name]] = column(key, n)
+    else:
+        b[END] = start
+        b[SCHED] = start
+        for key, name in _SCHEDULER_ARRAYS:
+            b[F[name]] = column(key, n)
+    keep = (seq != NONE) & (start != NONE)
+    return b if keep.all() else b[:, keep]
+
+
+def _spread(c: Columns, slack_ns: int) -> bool:
+    """No two records with the same seq start within ``2 * slack_ns`` of each other."""
+    if c.shape[1] < 2:
+        return True
+    o = np.lexsort((c[START], c[SEQ]))
+    seq, start = c[SEQ][o], c[START][o]
+    close = (seq[1:] == seq[:-1]) & (start[1:] - start[:-1] < 2 * slack_ns)
+    return not bool(close.any())
+
+
+def join(sched: Columns, work: Columns, slack_ns: int) -> Columns | None:
+    """`steps.join` on columns, or None where it would not be exact (see the module).
+
+    Every worker record takes the scheduler record of its seq within `slack_ns`; the
+    records are sorted by (start, seq)."""
+    if not (_spread(work, slack_ns) and _spread(sched, slack_ns)):
+        return None
+    u = np.concatenate([work, sched], axis=1)
+    is_work = np.arange(u.shape[1]) < work.shape[1]
+    o = np.lexsort((u[START], u[SEQ]))
+    seq, start, w = u[SEQ][o], u[START][o], is_work[o]
+    pair = (seq[1:] == seq[:-1]) & (w[1:] != w[:-1]) & (np.abs(start[1:] - start[:-1]) < slack_ns)
+    left = np.nonzero(pair)[0]
+    wi = np.where(w[left], o[left], o[left + 1])
+    si = np.where(w[left], o[left + 1], o[left])
+    alone = np.ones(u.shape[1], bool)
+    alone[wi] = alone[si] = False
+    # the output's columns of `u` (merged records are their worker's), in output order:
+    # one gather of the whole table (gathers of a big table cost more than the sorts)
+    src = np.concatenate([wi, np.flatnonzero(alone)])
+    order = np.lexsort((u[SEQ][src], u[START][src]))
+    out = u[:, src[order]]
+    took = np.flatnonzero(order < len(wi))  # merged records' places in the output
+    out[np.ix_(FROM_SCHEDULER, took)] = u[np.ix_(FROM_SCHEDULER, si[order[took]])]
+    return out
+
+
+def place(c: Columns, offsets: np.ndarray) -> Columns:
+    """Steps moved onto the reference clock (t - their origin's offset), re-sorted by
+    (start, seq) keeping the order of ties, as `EngineSteps.place` did."""
+    if not c.shape[1]:
+        return c
+    d = offsets[c[ORIGIN]]
+    start, end, sched = c[START] - d, c[END] - d, c[SCHED].copy()
+    has = sched != NONE
+    sched[has] -= d[has]
+    order = np.lexsort((c[SEQ], start))
+    out = c[:, order]
+    out[START], out[END], out[SCHED] = start[order], end[order], sched[order]
+    return out
+
+
+def has_worker(c: Columns) -> np.ndarray:
+    return c[DURATION] != NONE
+
+
+def forward_us(c: Columns) -> np.ndarray:
+    """duration - connector, at least 0 (`EngineStep.forward_us`); meaningful where
+    `has_worker`."""
+    return np.maximum(c[DURATION] - _zero(c[CONNECTOR]), 0)
+
+
+def _zero(x: np.ndarray) -> np.ndarray:
+    """A field with None read as 0 (the objects' ``x or 0``)."""
+    return np.where(x == NONE, 0, x)
+
+
+def median(values: np.ndarray) -> float | int:
+    """`statistics.median` of the values, to the bit (ints stay exact)."""
+    n = len(values)
+    mid = n // 2
+    if n % 2:
+        return np.partition(values, mid)[mid].item()
+    part = np.partition(values, [mid - 1, mid])
+    return (part[mid - 1].item() + part[mid].item()) / 2
+
+
+def solo_forward_us(c: Columns) -> float | None:
+    """`steps._solo` on columns: the median forward of one-decode-request steps, else
+    the smallest forward of steps that computed anything."""
+    work = has_worker(c)
+    fwd = forward_us(c)
+    nr = c[NUM_REQS]
+    solo = work & (c[DECODE_REQS] == 1) & (_zero(c[PREFILL]) == 0) & ((nr == NONE) | (nr == 1))
+    if solo.any():
+        return float(median(fwd[solo].astype(float)))
+    busy = work & (((nr != NONE) & (nr > 0)) | ((nr == NONE) & (fwd > 0)))
+    return float(fwd[busy].min()) if busy.any() else None
+
+
+def summary(c: Columns, role: str, host: str) -> dict[str, Any]:
+    """`EngineSteps.summary` of one engine's columns (same keys, same numbers)."""
+    work = has_worker(c)
+    durs = c[DURATION][work]
+    nr = c[NUM_REQS][work]
+    busy = durs[(nr == NONE) | (nr > 0)]
+    conn = int(_zero(c[CONNECTOR][work]).sum())
+    total = int(durs.sum())
+
+    def ms(name: str) -> float:
+        return int(_zero(c[F[name]][work]).sum()) / 1000.0
+
+    solo = solo_forward_us(c)
+    sched = c[NUM_REQS] != NONE
+    return {
+        "role": role,
+        "host": host,
+        "steps": int(c.shape[1]),
+        "worker_steps": int(work.sum()),
+        "scheduler_steps": int(sched.sum()),
+        "joined_steps": int((sched & work).sum()),
+        "busy_steps": len(busy),
+        "median_step_ms": _r(median(durs) / 1000.0) if len(durs) else None,
+        "median_busy_step_ms": _r(median(busy) / 1000.0) if len(busy) else None,
+        "solo_forward_ms": None if solo is None else _r(solo / 1000.0),
+        "step_ms_total": _r(total / 1000.0),
+        "connector_ms_total": _r(conn / 1000.0),
+        "connector_share": _r(conn / total) if total else None,
+        "connector_parts_ms": {
+            "bind": _r(ms("bind_us")),
+            "start_load_kv": _r(ms("load_us")),
+            "wait_for_save": _r(ms("save_us")),
+            "results": _r(ms("results_us")),
+        },
+        "prefill_tokens": int(_zero(c[PREFILL]).sum()),
+        "loads_started": int(_zero(c[F["loads_started"]][work]).sum()),
+        "loads_finished": int(_zero(c[F["loads_finished"]][work]).sum()),
+    }
+
+
+def _r(x: float) -> float:
+    return round(x, 4)
+
+
+def rows(c: Columns, positions: Sequence[int] | np.ndarray | slice) -> list[list[int | None]]:
+    """The steps at `positions` as lists of Python values in `FIELDS` order (None for
+    `NONE`), for making `EngineStep` objects."""
+    out = c[:, positions].T.tolist()
+    for r in out:
+        for i, v in enumerate(r):
+            if v == NONE:
+                r[i] = None
+    return out
+
+
+def origin_offsets(
+    origins: Sequence[tuple[Resource, str]], offset_ns: Callable[[Resource], int]
+) -> np.ndarray:
+    return np.array([offset_ns(res) for res, _role in origins] or [0], np.int64)
+
+
+def concat(blocks: Iterable[Columns]) -> Columns:
+    blocks = list(blocks)
+    if len(blocks) == 1:
+        return blocks[0]
+    return np.concatenate(blocks, axis=1) if blocks else empty()
