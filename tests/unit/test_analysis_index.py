@@ -518,9 +518,42 @@ def test_growing_process_traces_parse_only_new_steps(tmp_path: Path, monkeypatch
     unsaved.close()
     idx.close()
     warm = AnalysisIndex([d], index_dir=tmp_path / "index")
-    same(warm.update(), reference([d]))
+    same(warm.update(), want)
     assert steps(warm.update().engine_steps) == steps(want.engine_steps)
+    # ... or when an update brings nothing (a Live index is seldom closed)
+    with (d / "run.jsonl").open("a") as fh:  # a request with engine steps, then a pause
+        fh.writelines(map(_line, _steps_later(pieces, 10**12)))
+    warm.update()
+    assert warm._steps_unsaved
+    warm.update()
+    assert not warm._steps_unsaved
+    want = reference([d])
+    parsed.clear()
+    paused = AnalysisIndex([d], index_dir=tmp_path / "index")
+    got = paused.update()
+    assert steps(got.engine_steps) == steps(want.engine_steps) and not parsed
+    assert got.contention().to_json() == want.contention().to_json()
+    paused.close()
     warm.close()
+
+
+def _steps_later(pieces: list[Piece], shift_ns: int) -> list[Piece]:
+    """The last ``engine.steps`` span of each process trace again, `shift_ns` later with
+    a new span id (its steps' start times too): more steps in the same traces."""
+    last: dict[str, Piece] = {}
+    for p in pieces:
+        if p[2]["name"] == sc.SPAN_ENGINE_STEPS:
+            last[p[2]["traceId"]] = p
+    out = []
+    for piece in last.values():
+        res, scope, span = _moved(piece, shift_ns)
+        span["spanId"] = "e" + span["spanId"][1:]
+        for a in span["attributes"]:
+            if a["key"] == sc.STEP_START_NS:
+                for v in a["value"]["arrayValue"]["values"]:
+                    v["intValue"] = str(int(v["intValue"]) + shift_ns)
+        out.append((res, scope, span))
+    return out
 
 
 @pytest.mark.parametrize("pull_first", [False, True])

@@ -36,6 +36,7 @@ import os
 import pickle
 import sqlite3
 import sys
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -82,6 +83,9 @@ FORMAT = 2  # bump when what is stored changes: an index of another format is re
 _DB = "index.sqlite"
 PARALLEL_BYTES = 64 << 20  # trace bytes from which a cold build uses every core
 _COMPACT_AFTER = 16  # record segments before they are merged into one
+# a Live index writes its engine steps (and their contention) when an update brings
+# nothing, and at least this often while spans keep coming (`close` writes them too)
+STEPS_WRITE_S = 300.0
 # the modules whose code decides what a kept result holds (`format_key`)
 _RESULT_MODULES = (
     "analyze", "columns", "critical_path", "failures", "index", "index_build", "index_live",
@@ -168,6 +172,7 @@ class AnalysisIndex:
         self._step_cache = StepCache()  # process traces' parsed steps, between updates
         self._ids: dict[str, set[str]] = {}  # span ids of process traces that grow
         self._steps_unsaved = False  # `_steps` is newer than the index's copy (`close`)
+        self._steps_written = time.monotonic()
         self._derived: tuple[Any, bool, dict[str, Any]] | None = None  # their summaries
         self.run: RunAnalysis | None = None
         self.last_new = 0  # spans the last update added
@@ -264,6 +269,7 @@ class AnalysisIndex:
         self._step_cache = StepCache()
         self._ids = {}
         self._steps_unsaved = False
+        self._steps_written = time.monotonic()
         self._derived = None
         self._slots = None
         self._index_resources()
@@ -457,6 +463,10 @@ class AnalysisIndex:
         run = self._analyse(changed)
         self._save(changed)
         db.execute("COMMIT")
+        if self._steps_unsaved and (
+            not changed or time.monotonic() - self._steps_written > STEPS_WRITE_S
+        ):  # a Live index is seldom closed: it writes its steps when traffic pauses
+            self._write_steps()
         self.run = run
         return run
 
@@ -725,6 +735,7 @@ class AnalysisIndex:
             blob = pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL)
             db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES (?, ?)", (k, blob))
         self._steps_unsaved = False
+        self._steps_written = time.monotonic()
 
     def _tpot_before(self, key: Any) -> TpotSteps | None:
         """The steps the kept TPOT breakdowns were made with, if the offsets are the same
