@@ -51,10 +51,9 @@ from tracedpush.analysis.columns import row_of
 from tracedpush.analysis.index_live import TraceSlots
 from tracedpush.analysis.index_steps import (
     StepCache,
-    TpotRequest,
     TpotSteps,
-    attach_tpot,
     changed_windows,
+    split_tpot,
 )
 from tracedpush.analysis.index_store import (
     SHARDS,
@@ -610,18 +609,14 @@ class AnalysisIndex:
                 todo += [(t, k) for t, k in slots.at(slots.meeting(where, off)) if t not in fresh]
         self.last_tpot_redone = len(todo)
         self._tpot_saved = [t for t, _k in todo]
-        facts: dict[str, tuple[int, str | None]] = {}
-        todo_tpot: list[TpotRequest] = []
+        # what TPOT breakdowns need of the steps is kept beside them
+        got = split_tpot(
+            ((t, k.row, k.facts) for t, k in todo),  # type: ignore[arg-type]
+            off,
+            lambda: self._tpot_steps(steps_key, engine_steps),
+        )
         for tid, k in todo:
-            k.tpot = None
-            f = k.facts
-            if f.root_iv is not None and f.root_res is not None:
-                facts[tid] = (f.root_iv[0] - off[f.root_res], f.engine)
-                todo_tpot.append(TpotRequest(tid, k.row, k))  # type: ignore[arg-type]
-        if todo_tpot:  # what TPOT breakdowns need of the steps, kept beside them
-            attach_tpot(todo_tpot, facts, self._tpot_steps(steps_key, engine_steps))
-        for q in todo_tpot:
-            q.kept.tpot = q.tpot_breakdown_ms  # type: ignore[union-attr]
+            k.tpot = got[tid]
         slots.put_tpot([k for _t, k in todo])
         self._save_all = redo_all
         state.tpot_key = steps_key

@@ -15,7 +15,7 @@ from all facts, as `AnalysisIndex` does, and sends them; each worker unpacks its
 requests again and analyses them with those offsets while the parent joins the run's
 engine steps from every worker's parts (in first-seen order, as one reader would) and
 places them on the proxy clock; then each worker splits its requests' TPOT over them
-(`index_steps.attach_tpot`) and sends back the results' rows and breakdowns.
+(`index_steps.split_tpot`) and sends back the results' rows and breakdowns.
 
 Everything counted per line (lines, documents, malformed lines) is counted by worker 0;
 spans by the worker of their shard. Lines that are not plain OTLP JSON (another shape, a
@@ -41,7 +41,7 @@ from typing import Any
 
 from tracedpush.analysis.analyze import PROCESS_SPANS, request_analysis
 from tracedpush.analysis.columns import row_of
-from tracedpush.analysis.index_steps import TpotRequest, TpotSteps, attach_tpot
+from tracedpush.analysis.index_steps import split_tpot
 from tracedpush.analysis.index_store import (
     SHARDS,
     Kept,
@@ -325,9 +325,7 @@ def _run_worker(
             for tid, packed, spans in w.traces(list(w.spans)):
                 f = facts[tid] = idx._facts(tid, spans, 0)
                 if f.process:
-                    p = parts[tid] = StepParts()
-                    for s in spans:
-                        p.add(s)
+                    parts[tid] = StepParts().extend(spans)
                 yield tid, pack_packed(packed)
 
         db = open_span_db(idx.dir, shard)
@@ -368,7 +366,8 @@ def _run_worker(
             db.executemany("INSERT OR REPLACE INTO results (tid, v) VALUES (?, ?)", results())
         db.close()
         # the parent joined the engine steps meanwhile
-        tpots = _tpot(rows, facts, off, pickle.loads(conn.recv_bytes()))
+        steps = pickle.loads(conn.recv_bytes())  # always read: the parent always sends
+        tpots = split_tpot(((t, row, facts[t]) for t, row in rows.items()), off, lambda: steps)
         cpu.append(time.process_time())
         times = (cpu[1] - cpu[0], cpu[2] - cpu[1], cpu[4] - cpu[3])
         reply = (rows, tpots, _peak_kb(), times)
@@ -378,22 +377,6 @@ def _run_worker(
         raise
     finally:
         conn.close()
-
-
-def _tpot(
-    rows: dict[str, tuple], facts: dict[str, TraceFacts], off: list[int], steps: TpotSteps
-) -> dict[str, dict[str, float] | None]:
-    """The TPOT breakdown of each result, as `AnalysisIndex._analyse` makes them."""
-    todo, where = [], {}
-    for tid, row in rows.items():
-        f = facts[tid]
-        if f.root_iv is not None and f.root_res is not None:
-            where[tid] = (f.root_iv[0] - off[f.root_res], f.engine)
-            todo.append(TpotRequest(tid, row, None))
-    if todo:
-        attach_tpot(todo, where, steps)
-    got = {q.trace_id: q.tpot_breakdown_ms for q in todo}
-    return {tid: got.get(tid) for tid in rows}
 
 
 def _peak_kb() -> int:

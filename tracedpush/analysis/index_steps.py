@@ -21,7 +21,7 @@ import numpy as np
 
 from tracedpush.analysis import steps_columns as cols
 from tracedpush.analysis import tpot
-from tracedpush.analysis.index_store import Kept
+from tracedpush.analysis.index_store import TraceFacts
 from tracedpush.analysis.model import Span
 from tracedpush.analysis.steps import EngineSteps, StepParts
 
@@ -31,13 +31,12 @@ Window = tuple[int, int]  # [start, end] ns on the reference clock
 class TpotRequest:
     """What `tpot.attach_facts` reads and sets of a request, from its kept row."""
 
-    __slots__ = ("kept", "output_tokens", "tpot_breakdown_ms", "tpot_ms", "trace_id", "ttft_ms")
+    __slots__ = ("output_tokens", "tpot_breakdown_ms", "tpot_ms", "trace_id", "ttft_ms")
 
-    def __init__(self, trace_id: str, row: tuple, kept: Kept | None) -> None:
+    def __init__(self, trace_id: str, row: tuple) -> None:
         self.trace_id = trace_id
         self.output_tokens, self.ttft_ms, self.tpot_ms = row[3], row[4], row[5]
         self.tpot_breakdown_ms: dict[str, float] | None = None
-        self.kept = kept
 
 
 class StepCache:
@@ -52,8 +51,7 @@ class StepCache:
         """New process spans of a trace already parsed (else it is parsed when needed)."""
         parts = self.parts.get(tid)
         if parts is not None:
-            for s in spans:
-                parts.add(s)
+            parts.extend(spans)
 
     def drop(self, tid: str) -> None:
         self.parts.pop(tid, None)
@@ -64,9 +62,7 @@ class StepCache:
         for tid in tids:
             parts = self.parts.get(tid)
             if parts is None:
-                parts = self.parts[tid] = StepParts(self._table)
-                for s in load(tid):
-                    parts.add(s)
+                parts = self.parts[tid] = StepParts(self._table).extend(load(tid))
             out.merge(parts, lambda r: r)
         return out
 
@@ -97,6 +93,30 @@ class TpotSteps:
             eid: StepArrays(c) if store.has_worker_steps(eid) else None
             for eid, c in store.columns.items()
         }
+
+
+def split_tpot(
+    requests: Iterable[tuple[str, tuple, TraceFacts]],
+    off: Sequence[int],
+    steps: Callable[[], TpotSteps],
+) -> dict[str, dict[str, float] | None]:
+    """The TPOT breakdown of each (trace id, kept row, facts), None where it has none:
+    its decode window from the row and from its root's start on the proxy clock (ns
+    offsets `off` per resource), split over D's steps. `steps` is asked only when a
+    request has a proxy root. The index's updates and its build workers both use it."""
+    out: dict[str, dict[str, float] | None] = {}
+    todo: list[TpotRequest] = []
+    where: dict[str, tuple[int, str | None]] = {}
+    for tid, row, f in requests:
+        out[tid] = None
+        if f.root_iv is not None and f.root_res is not None:
+            where[tid] = (f.root_iv[0] - off[f.root_res], f.engine)
+            todo.append(TpotRequest(tid, row))
+    if todo:
+        attach_tpot(todo, where, steps())
+    for q in todo:
+        out[q.trace_id] = q.tpot_breakdown_ms
+    return out
 
 
 def attach_tpot(

@@ -393,9 +393,6 @@ class StepParts:
         self.__dict__.update(state)
         self.resources = {id(r): r for r in state["resources"]}
 
-    def __bool__(self) -> bool:
-        return bool(self.spans)
-
     def _origin(self, res: Resource, role: str) -> int:
         key = (id(res), role)
         origin = self._origin_of.get(key)
@@ -417,6 +414,12 @@ class StepParts:
         eid = _engine(s)
         if eid not in self.engines:
             self.engines[eid] = EngineInfo(eid, _role(s), s.resource.host)
+
+    def extend(self, spans: Iterable[Span]) -> StepParts:
+        """`add` each of `spans` (one at a time: a big run's need not be in memory)."""
+        for s in spans:
+            self.add(s)
+        return self
 
     def merge(
         self, other: StepParts, resource: Callable[[Resource], Resource], *, own: bool = False
@@ -510,10 +513,7 @@ class EngineSteps:
     @classmethod
     def from_spans(cls, spans: Iterable[Span]) -> EngineSteps:
         """From process spans, one at a time (a big run's need not be in memory at once)."""
-        parts = StepParts()
-        for s in spans:
-            parts.add(s)
-        return parts.store()
+        return StepParts().extend(spans).store()
 
     def place(self, offset_ns: Callable[[Resource], int]) -> None:
         """Move every step onto the reference (proxy) clock: t - offset of its instance.
@@ -613,7 +613,4 @@ def placed(
 ) -> EngineSteps:
     """An `EngineSteps` from process spans, moved onto the reference clock
     (`StepParts.placed`)."""
-    parts = StepParts()
-    for s in spans:
-        parts.add(s)
-    return parts.placed(resources, applied_ms)
+    return StepParts().extend(spans).placed(resources, applied_ms)
