@@ -4,7 +4,7 @@ Runs the tests behind docs/reliability.md's table through pytest, with
 TRACEDPUSH_FIGURES pointing at a JSON-lines file where each test records what it
 measured (the ``figures`` fixture, tracedpush/testing/figures.py):
 
-    tests/e2e/test_faults.py                engine kills (push; pull is `soak`), hung collector
+    tests/e2e/test_faults.py                engine kills (some `soak`), hung collector
     tests/e2e/test_client_faults.py         clients that hang up early
     tests/unit/test_proxy_slow_readers.py   200 slow readers (proxy-only)
     tests/e2e/test_fuzz_engines.py          fuzzed requests through the proxy to real engines
@@ -18,8 +18,9 @@ pull side by side, and writes docs/benchmarks/reliability.json (figures, date, m
     python benchmarks/reliability.py --from-figures FIGURES.jsonl [--write-doc]
 
 The e2e tests start real vLLM engines several times (under the engines lock, so never
-beside another engine run); `--quick` leaves out the `soak` tests, the pull-mode engine
-kills, about five minutes. Progress: one line per test result, and one a minute.
+beside another engine run); `--quick` leaves out the `soak` tests (the pull-mode engine
+kills and the 2P1D prefill kill), about eight minutes. Progress: one line per test
+result, and one a minute.
 
 If a test fails, or one the table needs recorded nothing, the script says which, prints
 what it got, writes neither the doc nor docs/benchmarks (the run's JSON stays in the
@@ -238,7 +239,7 @@ FAULTS: tuple[Fault, ...] = (
         "tests/e2e/test_faults.py",
         "test_killing_a_prefill_mid_transfer_leaves_the_other_serving",
         describe_prefill_kill,
-        soak=("pull",),
+        soak=("push", "pull"),
     ),
     Fault(
         "the OTLP collector of a 1P1D push (engines and proxy export to it) accepts "
