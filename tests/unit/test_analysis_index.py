@@ -492,6 +492,8 @@ def test_growing_process_traces_parse_only_new_steps(tmp_path: Path, monkeypatch
         run = idx.update()
         new_steps = [p[2]["spanId"] for p in part if p[2]["name"] == sc.SPAN_ENGINE_STEPS]
         assert sorted(parsed) == sorted(new_steps), i  # only what arrived
+        # ... and only the steps near them were joined again
+        assert idx.last_steps == ("extended" if i else "joined"), i
         want = reference([d])
         same(run, want)
         solo = {e: want.engine_steps.solo_forward_us(e) for e in want.engine_steps.columns}
@@ -521,10 +523,15 @@ def test_growing_process_traces_parse_only_new_steps(tmp_path: Path, monkeypatch
     same(warm.update(), want)
     assert steps(warm.update().engine_steps) == steps(want.engine_steps)
     # ... or when an update brings nothing (a Live index is seldom closed)
+    later = _steps_later(pieces, 10**12)
     with (d / "run.jsonl").open("a") as fh:  # a request with engine steps, then a pause
-        fh.writelines(map(_line, _steps_later(pieces, 10**12)))
+        fh.writelines(map(_line, later))
+    parsed.clear()
     warm.update()
     assert warm._steps_unsaved
+    # an index opened on stored steps parses and joins in only the new ones
+    assert warm.last_steps == "extended"
+    assert sorted(parsed) == sorted(p[2]["spanId"] for p in later)
     warm.update()
     assert not warm._steps_unsaved
     want = reference([d])
@@ -547,7 +554,7 @@ def _steps_later(pieces: list[Piece], shift_ns: int) -> list[Piece]:
     out = []
     for piece in last.values():
         res, scope, span = _moved(piece, shift_ns)
-        span["spanId"] = "e" + span["spanId"][1:]
+        span["spanId"] = ("f" if span["spanId"][0] == "e" else "e") + span["spanId"][1:]  # a new id
         for a in span["attributes"]:
             if a["key"] == sc.STEP_START_NS:
                 for v in a["value"]["arrayValue"]["values"]:

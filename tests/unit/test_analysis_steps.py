@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from tracedpush import semconv as sc
@@ -380,3 +381,135 @@ def test_odd_arrays_convert_as_the_objects_do() -> None:
     want = _reference(spans)
     want["decode-9"][1].connector_us = None  # 2**70 is no step's number: None in columns
     _same_as_reference(EngineSteps.from_spans(spans), want)
+
+
+@pytest.mark.parametrize(("two_modes", "shift_s", "arrays"), [
+    (False, None, True), (False, 3600, True), (False, 25, True), (False, 3, False),
+    (False, 0, False), (True, None, False), (True, 3600, False),
+])  # fmt: skip
+@pytest.mark.parametrize("arrival", ["by end", "shuffled"])
+@pytest.mark.parametrize("slack_ms", [None, 20])
+def test_extended_steps_equal_steps_joined_at_once(
+    gen,
+    one_mode,
+    monkeypatch,
+    two_modes: bool,
+    shift_s: int | None,
+    arrays: bool,
+    arrival: str,
+    slack_ms: int | None,
+) -> None:
+    """A Live refresh joins the process spans that arrived into the kept steps
+    (`EngineSteps.extended`) instead of joining every step again. Over the cases of
+    `test_columns_equal_the_object_join`, spans arriving in order of their end (a live
+    run) or shuffled, in chunks of every size, placed on a skewed clock or not, and
+    through a pickled copy (as an index keeps them): the same columns, samples and
+    engines as one join of every span; or None wherever that join is record by record.
+    The synthetic runs last seconds: with the join's slack (10 s) every refresh joins
+    them all again; a 20 ms slack leaves most steps as they were."""
+    import dataclasses
+    import itertools
+    import pickle
+    import random
+
+    from tracedpush.analysis import steps as steps_mod
+    from tracedpush.analysis.steps import StepParts
+
+    run = gen if two_modes else one_mode
+    docs = run.documents if shift_s is None else _spread_docs(run, shift_s)
+    spans = [s for s in TraceStore.from_documents(docs).all_spans() if s.name in sc.PROCESS_SPANS]
+    # D's worker on a clock of its own, 5 ms off its scheduler's, and a third of its
+    # records lost: lone scheduler records and worker steps that the placement
+    # interleaves (the synthetic engines pair every record, on one clock per engine)
+    worker = None
+    kept = []
+    for i, s in enumerate(spans):
+        if s.resource.instance == synthetic.DECODE_INSTANCE and steps_mod._side(s) == "worker":
+            if i % 3 == 0:
+                continue
+            if worker is None:
+                worker = dataclasses.replace(s.resource, instance="decode-worker")
+            s.resource = worker
+        kept.append(s)
+    spans = kept
+    if arrival == "by end":
+        spans.sort(key=lambda s: s.end_ns)
+    else:
+        random.Random(3).shuffle(spans)
+    skewed = {
+        synthetic.DECODE_INSTANCE: 40.0,
+        "decode-worker": 45.0,
+        synthetic.PREFILL_INSTANCE: -0.000007,
+    }
+    if slack_ms is not None:
+        monkeypatch.setattr(steps_mod, "_JOIN_SLACK_NS", slack_ms * 10**6)
+    for applied in (skewed, {}):
+        want = StepParts().extend(spans).placed([], applied)
+        if slack_ms is None:
+            assert bool(want.slow) == (not arrays)
+        arrays = not want.slow
+        n = len(spans)
+        for cuts in ([n // 2], [1, 2, n // 3, n - 1], list(range(n // 4, n, max(n // 12, 1)))):
+            bounds = [0, *cuts, n]
+            got = StepParts().extend(spans[: bounds[1]]).placed([], applied)
+            for i, (a, b) in enumerate(itertools.pairwise(bounds[1:])):
+                if i == 1:  # as an index keeps them between processes
+                    got = pickle.loads(pickle.dumps(got))
+                got = got.extended(StepParts().extend(spans[a:b]), [], applied)
+                if got is None:
+                    break
+            if not arrays:
+                assert got is None, cuts
+                continue
+            assert got is not None, cuts
+            assert list(got.columns) == list(want.columns)
+            for eid, c in want.columns.items():
+                assert c.dtype == got.columns[eid].dtype
+                assert (c == got.columns[eid]).all() and c.shape == got.columns[eid].shape, eid
+            assert got.samples == want.samples
+            assert got.engines == want.engines and got.spans == want.spans
+            assert [(r, role) for r, role in got.origins] == list(dict.fromkeys(want.origins))
+            _same_as_reference(
+                got, _reference(spans, lambda r, a=applied: round(a.get(r.instance, 0.0) * 1e6))
+            )
+
+
+def _records(side: str, *rows: tuple[int, int]) -> np.ndarray:
+    """(seq, start) records of one side as `steps_columns.block` makes them (a worker
+    step lasts 7 us; a scheduler record schedules 2 requests)."""
+    from tracedpush.analysis import steps_columns as cols
+
+    c = np.full((len(cols.FIELDS), len(rows)), cols.NONE, np.int64)
+    for i, (seq, start) in enumerate(rows):
+        c[cols.SEQ, i], c[cols.START, i], c[cols.ORIGIN, i] = seq, start, 0
+        if side == "worker":
+            c[cols.DURATION, i], c[cols.END, i] = 7, start + 7000
+        else:
+            c[cols.END, i] = c[cols.SCHED, i] = start
+            c[cols.NUM_REQS, i] = 2
+    return c
+
+
+def test_extending_looks_back_far_enough() -> None:
+    """`steps_columns.extend` at its edges (slack 100 ns). A scheduler record merged
+    into a worker step that started before the look-back still counts against a new
+    record of its seq (the join would no longer be exact: None), and the records a
+    join merged come apart again as they were."""
+    from tracedpush.analysis import steps_columns as cols
+
+    slack, off = 100, np.zeros(1, np.int64)
+    w_old, s_old = _records("worker", (5, 0), (6, 300)), _records("scheduler", (5, 90), (6, 310))
+    placed = cols.join(s_old, w_old, slack)
+    assert placed is not None and placed.shape[1] == 2  # both pairs merged
+    s_back, w_back = cols.unjoin(placed)
+    assert (s_back == s_old).all() and (w_back == w_old).all()
+    # the new scheduler record of seq 5 at 250 is within 2 slack of the old one at 90,
+    # which is past the look-back (250 - 2 slack = 50), while its worker step (0) is not
+    s_new = _records("scheduler", (5, 250))
+    assert cols.join(np.concatenate([s_old, s_new], axis=1), w_old, slack) is None
+    assert cols.extend(placed, s_new, _records("worker"), off, slack) is None
+    # one far enough away extends them
+    s_far = _records("scheduler", (5, 900))
+    want = cols.join(np.concatenate([s_old, s_far], axis=1), w_old, slack)
+    got = cols.extend(placed, s_far, _records("worker"), off, slack)
+    assert want is not None and got is not None and (got == want).all()

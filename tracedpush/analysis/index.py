@@ -51,6 +51,7 @@ from tracedpush.analysis.columns import row_of
 from tracedpush.analysis.index_live import TraceSlots
 from tracedpush.analysis.index_steps import (
     StepCache,
+    StepDelta,
     TpotSteps,
     changed_windows,
     split_tpot,
@@ -169,6 +170,8 @@ class AnalysisIndex:
         self._steps: tuple[Any, steps_mod.EngineSteps] | None = None
         self._tpot: tuple[Any, TpotSteps] | None = None
         self._step_cache = StepCache()  # process traces' parsed steps, between updates
+        self._delta = StepDelta(0)  # process spans that arrived since the steps were made
+        self.last_steps = ""  # how the last update had the run's steps: kept/extended/joined
         self._ids: dict[str, set[str]] = {}  # span ids of process traces that grow
         self._steps_unsaved = False  # `_steps` is newer than the index's copy (`close`)
         self._steps_written = time.monotonic()
@@ -247,6 +250,7 @@ class AnalysisIndex:
             kept.update({tid: load(t) for tid, t in marshal.loads(blob).items()})
         self._state, self._kept = state, kept
         self._slots = None
+        self._delta = StepDelta(state.process_version)
         self._index_resources()
         self.rebuilt = False
 
@@ -266,6 +270,7 @@ class AnalysisIndex:
         self._steps = None
         self._tpot = None
         self._step_cache = StepCache()
+        self._delta = StepDelta(0)
         self._ids = {}
         self._steps_unsaved = False
         self._steps_written = time.monotonic()
@@ -440,6 +445,11 @@ class AnalysisIndex:
                 continue
             merged = list(spans.values())
             changed[tid] = merged
+            k = self._kept.get(tid)
+            if k is not None and k.facts.process:  # its old steps would have to go
+                self._delta.spoil()
+            else:
+                self._delta.add(s for s in merged if s.name in PROCESS_SPANS)
             rows.setdefault(shard_of(tid), []).append((tid, pack(merged, self._res_ix)))
             self._step_cache.drop(tid)
             self._ids.pop(tid, None)
@@ -499,6 +509,7 @@ class AnalysisIndex:
         self.last_new += len(added)
         self._kept[tid].facts.spans += len(added)
         self._step_cache.add(tid, added)
+        self._delta.add(added)
         return added
 
     def _facts(self, tid: str, spans: list[Span], seq: int) -> TraceFacts:
@@ -657,22 +668,42 @@ class AnalysisIndex:
         self, label: dict[int, str], applied: dict[str, float]
     ) -> steps_mod.EngineSteps | LazySteps:
         """The run's engine steps on the proxy clock, kept until per-process spans arrive
-        or the offsets move (parsing every step again cost more than a warm report).
-        Kept ones are read when used: their summary and contention are kept beside them
-        (reading them back cost a report on 200,000 requests 7 s of CPU and 2.7 GB)."""
+        or the offsets move (parsing every step again cost more than a warm report);
+        then the new spans are joined into them (`EngineSteps.extended`), or, where that
+        is not exact, every kept process span is. Kept ones are read when used: their
+        summary and contention are kept beside them (reading them back cost a report on
+        200,000 requests 7 s of CPU and 2.7 GB)."""
         state = self._state
         assert state is not None
         key = (state.process_version, sorted(applied.items()))
+        delta, self._delta = self._delta, StepDelta(state.process_version)
+        self.last_steps = "kept"
         if self._steps is not None and self._steps[0] == key and self._derived is not None:
             placed, (_key, truthy, summary) = self._steps[1], self._derived
             return LazySteps(lambda: placed, truthy, summary)
-        db = self._connect()
-        row = db.execute("SELECT v FROM meta WHERE k = 'steps_derived'").fetchone()
-        derived = pickle.loads(row[0]) if row is not None else None
-        if derived is not None and derived[0] == key:
+        derived = self._stored("steps_derived", key)
+        if derived is not None:
             self._derived = derived
             return LazySteps(lambda: self._kept_steps(key, label, applied), derived[1], derived[2])
-        return self._keep_steps(self._parts(), label, applied)
+        used = [state.resources[i] for i in label]
+        was = None if delta.spans is None else self._kept_steps((delta.base, key[1]))
+        parts = None if was is None else delta.parts()
+        got = None if was is None or parts is None else was.extended(parts, used, applied)
+        self.last_steps = "extended"
+        if got is None:
+            got = self._parts().placed(used, applied)
+            self.last_steps = "joined"
+        return self._keep_steps(got, key)
+
+    def _stored(self, name: str, key: Any) -> Any:
+        """The value kept under `name` beside the key it was made for, if that is `key`."""
+        db = self._connect()
+        row = db.execute("SELECT v FROM meta WHERE k = ?", (f"{name}.key",)).fetchone()
+        if row is None or pickle.loads(row[0]) != key:  # (not reading the steps' 600 MB)
+            return None
+        row = db.execute("SELECT v FROM meta WHERE k = ?", (name,)).fetchone()
+        kept = pickle.loads(row[0]) if row is not None else None
+        return kept if kept is not None and kept[0] == key else None
 
     def _parts(self) -> steps_mod.StepParts:
         """Every process trace's parsed steps, in first-seen order (parsed once each)."""
@@ -684,29 +715,20 @@ class AnalysisIndex:
         return self._step_cache.merged(self._slots.process_traces(), load)
 
     def _keep_steps(
-        self,
-        parts: steps_mod.StepParts,
-        label: dict[int, str],
-        applied: dict[str, float],
-        *,
-        write: bool = False,
+        self, placed: steps_mod.EngineSteps, key: Any, *, write: bool = False
     ) -> LazySteps:
-        """The run's steps from their parsed parts, placed with the run's offsets and kept
-        with their summary, contention and TPOT arrays (the cold build calls this with
-        its workers' parts, and `write`: it has the time while they analyse)."""
-        state = self._state
-        assert state is not None
-        key = (state.process_version, sorted(applied.items()))
-        placed = parts.placed([state.resources[i] for i in label], applied)
+        """The run's steps (`key`'s), kept with their summary, contention and TPOT arrays
+        (the cold build calls this with `write`: it has the time while its workers
+        analyse)."""
         self._steps = (key, placed)
         self._tpot = (key, TpotSteps(placed))
         from tracedpush.analysis.contention import contention
 
         summary: dict[str, Any] = {"summary": placed.summary()}
         self._derived = (key, bool(placed), summary)
-        # A Live refresh keeps them in memory: they are written on `close` (at 200,000
-        # requests the steps are 600 MB, their contention 2 s of Python, made when a
-        # page asks); an index opened before that makes them again from the spans.
+        # A Live refresh keeps them in memory: they are written when traffic pauses, at
+        # least every STEPS_WRITE_S and on `close` (at 200,000 requests the steps are
+        # 600 MB, their contention 2 s of Python, made when a page asks).
         self._steps_unsaved = True
         if write:
             summary["contention"] = contention(placed)
@@ -729,6 +751,9 @@ class AnalysisIndex:
         for k, v in kept:
             blob = pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL)
             db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES (?, ?)", (k, blob))
+            db.execute(
+                "INSERT OR REPLACE INTO meta (k, v) VALUES (?, ?)", (f"{k}.key", pickle.dumps(key))
+            )
         self._steps_unsaved = False
         self._steps_written = time.monotonic()
 
@@ -742,28 +767,32 @@ class AnalysisIndex:
             return None
         if self._tpot is not None and self._tpot[0] == was:
             return self._tpot[1]
-        row = self._connect().execute("SELECT v FROM meta WHERE k = 'steps_tpot'").fetchone()
-        kept = pickle.loads(row[0]) if row is not None else None
-        return kept[1] if kept is not None and kept[0] == was else None
+        kept = self._stored("steps_tpot", was)
+        return None if kept is None else kept[1]
 
     def _tpot_steps(self, key: Any, steps: LazySteps) -> TpotSteps:
         if self._tpot is None or self._tpot[0] != key:
-            row = self._connect().execute("SELECT v FROM meta WHERE k = 'steps_tpot'").fetchone()
-            kept = pickle.loads(row[0]) if row is not None else None
-            if kept is None or kept[0] != key:  # pragma: no cover - written with the steps
+            kept = self._stored("steps_tpot", key)
+            if kept is None:  # pragma: no cover - written with the steps
                 kept = (key, TpotSteps(steps.get()))
             self._tpot = kept
         return self._tpot[1]
 
     def _kept_steps(
-        self, key: Any, label: dict[int, str], applied: dict[str, float]
-    ) -> steps_mod.EngineSteps:
-        state = self._state
-        assert state is not None
+        self,
+        key: Any,
+        label: dict[int, str] | None = None,
+        applied: dict[str, float] | None = None,
+    ) -> steps_mod.EngineSteps | None:
+        """The steps made for `key`, from memory or the index. Not kept there (no pause,
+        no `close` since) or older: None, or, given `label` and `applied`, parsed."""
         if self._steps is None or self._steps[0] != key:
-            row = self._connect().execute("SELECT v FROM meta WHERE k = 'steps'").fetchone()
-            kept = pickle.loads(row[0]) if row is not None else None
-            if kept is None or kept[0] != key:  # not written (no `close`) or older: parse
+            kept = self._stored("steps", key)
+            if kept is None:
+                if label is None or applied is None:
+                    return None
+                state = self._state
+                assert state is not None
                 used = [state.resources[i] for i in label]
                 kept = (key, self._parts().placed(used, applied))
                 self._steps_unsaved = True

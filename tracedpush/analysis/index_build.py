@@ -461,7 +461,9 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         for tid in kept:
             if tid in mine:
                 merged.merge(mine.pop(tid), lambda r: resources[idx._res_key[_key(r)]], own=True)
-        idx._keep_steps(merged, label, applied, write=True)
+        used = [state.resources[i] for i in label]
+        key = (state.process_version, sorted(applied.items()))
+        idx._keep_steps(merged.placed(used, applied), key, write=True)
         del merged
         tpot_key, tpot_steps = idx._tpot
         blob = pickle.dumps(tpot_steps, protocol=pickle.HIGHEST_PROTOCOL)

@@ -5,8 +5,10 @@ A Live refresh of a long run gets new ``engine.steps`` spans every time. Parsing
 process span again, and splitting every request's TPOT over the steps again, cost the
 refresh the whole run. Here:
 
-* `StepCache` keeps each process trace's parsed parts (`steps.StepParts`): an update
-  parses only the spans that arrived, then joins the run's steps as arrays;
+* `StepDelta` holds the process spans that arrived since the steps were made: an update
+  parses only those and joins them into the kept steps (`EngineSteps.extended`);
+  `StepCache` keeps each process trace's parsed parts for when everything must be
+  joined again (offsets moved, a trace replaced, an engine joined record by record);
 * `TpotSteps.changed` compares D's step arrays before and after: where they differ (new
   steps, a scheduler record joined to a worker one), in time, and whether an engine's
   solo forward cost moved. Only requests whose decode window meets a changed stretch
@@ -41,20 +43,23 @@ class TpotRequest:
 
 class StepCache:
     """Each process trace's parsed steps and samples, kept between updates (made for a
-    trace the first time the run's steps are needed after opening)."""
+    trace the first time every step must be joined again after opening). Spans that
+    arrive for a parsed trace wait until then: a refresh that extends the kept steps
+    (`StepDelta`) has parsed them already, and most refreshes do."""
 
     def __init__(self) -> None:
         self._table = StepParts()  # every trace's parts number origins alike
         self.parts: dict[str, StepParts] = {}
+        self._waiting: dict[str, list[Span]] = {}
 
     def add(self, tid: str, spans: Iterable[Span]) -> None:
         """New process spans of a trace already parsed (else it is parsed when needed)."""
-        parts = self.parts.get(tid)
-        if parts is not None:
-            parts.extend(spans)
+        if tid in self.parts:
+            self._waiting.setdefault(tid, []).extend(spans)
 
     def drop(self, tid: str) -> None:
         self.parts.pop(tid, None)
+        self._waiting.pop(tid, None)
 
     def merged(self, tids: Sequence[str], load: Callable[[str], Iterable[Span]]) -> StepParts:
         """The parts of `tids`, in that order (`load` reads a trace not parsed yet)."""
@@ -63,8 +68,30 @@ class StepCache:
             parts = self.parts.get(tid)
             if parts is None:
                 parts = self.parts[tid] = StepParts(self._table).extend(load(tid))
+            parts.extend(self._waiting.pop(tid, ()))
             out.merge(parts, lambda r: r)
         return out
+
+
+class StepDelta:
+    """The process spans that arrived since the run's steps were last made (at process
+    version `base`): what `EngineSteps.extended` joins into them, so a Live refresh
+    neither parses nor joins the rest again. Spoiled when a process trace the steps
+    hold is replaced rather than grown (its old steps would have to go)."""
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.spans: list[Span] | None = []
+
+    def add(self, spans: Iterable[Span]) -> None:
+        if self.spans is not None:
+            self.spans.extend(spans)
+
+    def spoil(self) -> None:
+        self.spans = None
+
+    def parts(self) -> StepParts | None:
+        return None if self.spans is None else StepParts().extend(self.spans)
 
 
 class StepArrays:

@@ -457,6 +457,7 @@ class StepParts:
         store.samples = sorted(self.samples, key=lambda x: x.time_ns)
         store.engines = dict(self.engines)
         store.spans = self.spans
+        store.resources = list(self.resources.values())
         origin_of = {(id(r), role): i for i, (r, role) in enumerate(self.origins)}
         for eid in sorted(set(self.sched) | set(self.work)):
             s_cols = cols.concat(self.sched.pop(eid, ()))
@@ -465,6 +466,7 @@ class StepParts:
             if joined is None:  # records too close for the array join: the reference one
                 objs = join(store._make(eid, s_cols), store._make(eid, w_cols))
                 joined = _as_columns(objs, origin_of)
+                store.slow.add(eid)
             store.columns[eid] = joined
         return store
 
@@ -472,15 +474,25 @@ class StepParts:
         """The joined steps moved onto the reference clock. `resources`: the request
         spans' (their clock domains carry the offsets); `applied_ms`: domain label ->
         offset applied (ms), as `analyze` computed them."""
-        from tracedpush.analysis import skew
-
         store = self.store()  # uses the parts up
-        if not store.columns or not applied_ms:
-            return store
-        dom = skew.domains([*resources, *self.resources.values()])
-        by_id = {id(r): round(applied_ms.get(label, 0.0) * 1e6) for r, label in dom.items()}
-        store.place(lambda r: by_id.get(id(r), 0))
+        if store.columns and applied_ms:
+            store.place(_offsets(store.origins, [*resources, *store.resources], applied_ms))
         return store
+
+
+def _offsets(
+    origins: Sequence[tuple[Resource, str]],
+    resources: Sequence[Resource],
+    applied_ms: dict[str, float],
+) -> np.ndarray:
+    """ns offset per origin: its clock domain's among `resources` (request and process
+    spans': a domain label depends on which instances share a host). By equality: a
+    kept store's resources are copies of the run's."""
+    from tracedpush.analysis import skew
+
+    dom = skew.domains(resources)
+    ms = [applied_ms.get(dom.get(r, ""), 0.0) for r, _role in origins]
+    return np.array([round(x * 1e6) for x in ms] or [0], np.int64)
 
 
 class EngineSteps:
@@ -496,12 +508,16 @@ class EngineSteps:
         self.samples: list[ThreadSample] = []
         self.engines: dict[str, EngineInfo] = {}
         self.spans = 0  # process spans read
+        self.resources: list[Resource] = []  # every process span's, as first seen
+        self.slow: set[str] = set()  # engines joined record by record (`steps.join`)
+        self.offsets = np.zeros(1, np.int64)  # ns per origin, as placed
         self._lists: dict[str, list[EngineStep]] = {}
         # per engine, the latest end among steps[0..i] (nondecreasing: bisectable)
         self._max_end: dict[str, np.ndarray] = {}
+        self._solo: dict[str, float | None] = {}  # per engine (its summary and TPOT's)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_lists": {}, "_max_end": {}}
+        return {**self.__dict__, "_lists": {}, "_max_end": {}, "_solo": {}}
 
     def __bool__(self) -> bool:
         return bool(self.columns or self.samples)
@@ -515,13 +531,63 @@ class EngineSteps:
         """From process spans, one at a time (a big run's need not be in memory at once)."""
         return StepParts().extend(spans).store()
 
-    def place(self, offset_ns: Callable[[Resource], int]) -> None:
-        """Move every step onto the reference (proxy) clock: t - offset of its instance.
-        Call once; thread samples keep their raw times (only deltas are used)."""
-        off = cols.origin_offsets(self.origins, offset_ns)
+    def place(self, offsets: np.ndarray | Callable[[Resource], int]) -> None:
+        """Move every step onto the reference (proxy) clock: t - offset of its instance
+        (ns per origin, or per resource). Call once; thread samples keep their raw times
+        (only deltas are used)."""
+        if not isinstance(offsets, np.ndarray):
+            offsets = cols.origin_offsets(self.origins, offsets)
+        off = offsets
         self.columns = {eid: cols.place(c, off) for eid, c in self.columns.items()}
+        self.offsets = off
         self._lists = {}
         self._max_end = {}
+        self._solo = {}
+
+    def extended(
+        self, parts: StepParts, resources: Sequence[Resource], applied_ms: dict[str, float]
+    ) -> EngineSteps | None:
+        """What `StepParts.placed` makes of every process span, from these steps (placed
+        with `applied_ms`) and `parts` (the process spans that arrived since), joining
+        again only the records near the new ones (`steps_columns.extend`). None where
+        that would not be exact: an engine was joined record by record, a new clock
+        domain moved an origin's offset, or the new records are too close to join as
+        arrays. Uses `parts` up; these steps are not changed."""
+        if self.slow:
+            return None
+        out = EngineSteps()
+        out.origins = list(self.origins)
+        number = {o: i for i, o in enumerate(out.origins)}  # by equality: see `_offsets`
+        for o in parts.origins:
+            if o not in number:
+                number[o] = len(out.origins)
+                out.origins.append(o)
+        remap = np.array([number[o] for o in parts.origins] or [0], np.int64)
+        out.resources = list(
+            {**dict.fromkeys(self.resources), **dict.fromkeys(parts.resources.values())}
+        )
+        if applied_ms:
+            off = _offsets(out.origins, [*resources, *out.resources], applied_ms)
+            n = len(self.offsets)
+            if self.columns and not np.array_equal(off[:n], self.offsets):
+                return None
+        else:
+            off = np.zeros(len(out.origins) or 1, np.int64)
+        for eid in sorted(self.columns.keys() | parts.sched.keys() | parts.work.keys()):
+            new = [cols.concat(side.pop(eid, ())) for side in (parts.sched, parts.work)]
+            for c in new:
+                c[cols.ORIGIN] = remap[c[cols.ORIGIN]]
+            got = cols.extend(self.columns.get(eid, cols.empty()), *new, off, _JOIN_SLACK_NS)
+            if got is None:
+                return None
+            out.columns[eid] = got
+        out.offsets = off
+        out.samples = sorted(self.samples + parts.samples, key=lambda x: x.time_ns)
+        out.engines = {**self.engines}
+        for eid, info in parts.engines.items():
+            out.engines.setdefault(eid, info)
+        out.spans = self.spans + parts.spans
+        return out
 
     def _make(self, engine_id: str, c: cols.Columns, at: Any = slice(None)) -> list[EngineStep]:
         out = []
@@ -566,8 +632,10 @@ class EngineSteps:
         """The forward cost of a step with one decode request and nothing else: the median
         forward of such steps, else the smallest forward of steps that computed anything
         (scheduler record: at least one request; no scheduler record: forward > 0)."""
-        c = self.columns.get(engine_id)
-        return None if c is None else cols.solo_forward_us(c)
+        if engine_id not in self._solo:
+            c = self.columns.get(engine_id)
+            self._solo[engine_id] = None if c is None else cols.solo_forward_us(c)
+        return self._solo[engine_id]
 
     def summary(self) -> dict[str, dict[str, Any]]:
         """Per engine: steps, median step ms, forward, connector share, loads."""
@@ -575,7 +643,8 @@ class EngineSteps:
         for eid in sorted(self.columns):
             info = self.engines.get(eid)
             role, host = (info.role, info.host) if info else ("", "")
-            out[eid] = cols.summary(self.columns[eid], role, host)
+            solo = self.solo_forward_us(eid)
+            out[eid] = cols.summary(self.columns[eid], role, host, solo)
         return out
 
 

@@ -147,14 +147,73 @@ def place(c: Columns, offsets: np.ndarray) -> Columns:
     (start, seq) keeping the order of ties, as `EngineSteps.place` did."""
     if not c.shape[1]:
         return c
-    d = offsets[c[ORIGIN]]
-    start, end, sched = c[START] - d, c[END] - d, c[SCHED].copy()
-    has = sched != NONE
-    sched[has] -= d[has]
-    order = np.lexsort((c[SEQ], start))
-    out = c[:, order]
-    out[START], out[END], out[SCHED] = start[order], end[order], sched[order]
+    out = _shifted(c, offsets, -1)
+    return out[:, np.lexsort((out[SEQ], out[START]))]
+
+
+def _shifted(c: Columns, offsets: np.ndarray, sign: int) -> Columns:
+    """A copy with start, end and scheduled time moved by `sign` * its origin's offset."""
+    out = c.copy()
+    d = offsets[c[ORIGIN]] * sign
+    out[START] += d
+    out[END] += d
+    has = out[SCHED] != NONE
+    out[SCHED][has] += d[has]
     return out
+
+
+def unjoin(c: Columns) -> tuple[Columns, Columns]:
+    """(scheduler, worker) records as `block` made them, back from `join`'s output: a
+    merged record (a duration and a scheduled time) splits in two. Its scheduler half
+    gets the worker's origin, which `extend` never places (see there)."""
+    work = c[DURATION] != NONE
+    merged = c[:, work & (c[SCHED] != NONE)]
+    w = c[:, work]
+    w[FROM_SCHEDULER] = NONE
+    s = np.full_like(merged, NONE)
+    s[SEQ], s[START], s[END], s[ORIGIN] = merged[SEQ], merged[SCHED], merged[SCHED], merged[ORIGIN]
+    s[FROM_SCHEDULER] = merged[FROM_SCHEDULER]
+    return np.concatenate([c[:, ~work], s], axis=1), w
+
+
+def extend(
+    placed: Columns, sched: Columns, work: Columns, offsets: np.ndarray, slack_ns: int
+) -> Columns | None:
+    """`place(join(every scheduler record, every worker record), offsets)` of an engine
+    whose earlier records made `placed` (by `join`, with these offsets) and which has
+    `sched` and `work` since, joining again only the records near the new ones. None
+    where `join` would be None.
+
+    Let t be the earliest new start. A pair is two records of one seq less than the
+    slack apart, and the array join is exact only where no two records of one side and
+    seq are within twice the slack: so only records from t - 2 slack on can pair with a
+    new one or break that rule, and every step before t - slack stays as it was. The
+    records from t - 2 slack on come back from `placed` (`unjoin`), are joined with the
+    new ones, and replace the steps from t - slack on. A scheduler half given its
+    worker's origin by `unjoin` pairs with that worker again, before t - slack, so it
+    is never placed. With different offsets per origin, the old steps just before
+    t - slack and the new ones may interleave: that stretch is sorted again, old steps
+    first among ties, as in the joined order."""
+    if not (sched.shape[1] or work.shape[1]):
+        return placed
+    t = int(min(sched[START].min(initial=_MAX), work[START].min(initial=_MAX)))
+    lo, cut = t - 2 * slack_ns, t - slack_ns
+    # every step before k started (raw clock) more than a slack before lo
+    k = int(np.searchsorted(placed[START], lo - slack_ns - int(offsets.max()), side="left"))
+    tail = placed[:, k:]
+    raw = _shifted(tail, offsets, 1)
+    old_s, old_w = unjoin(raw)
+    joined = join(
+        np.concatenate([old_s[:, old_s[START] >= lo], sched], axis=1),
+        np.concatenate([old_w[:, old_w[START] >= lo], work], axis=1),
+        slack_ns,
+    )
+    if joined is None:
+        return None
+    fresh = joined[:, int(np.searchsorted(joined[START], cut, side="left")) :]
+    region = np.concatenate([tail[:, raw[START] < cut], _shifted(fresh, offsets, -1)], axis=1)
+    region = region[:, np.lexsort((region[SEQ], region[START]))]
+    return np.concatenate([placed[:, :k], region], axis=1)
 
 
 def has_worker(c: Columns) -> np.ndarray:
@@ -195,8 +254,9 @@ def solo_forward_us(c: Columns) -> float | None:
     return float(fwd[busy].min()) if busy.any() else None
 
 
-def summary(c: Columns, role: str, host: str) -> dict[str, Any]:
-    """`EngineSteps.summary` of one engine's columns (same keys, same numbers)."""
+def summary(c: Columns, role: str, host: str, solo: float | None) -> dict[str, Any]:
+    """`EngineSteps.summary` of one engine's columns (same keys, same numbers), given
+    its `solo_forward_us`."""
     work = has_worker(c)
     durs = c[DURATION][work]
     nr = c[NUM_REQS][work]
@@ -207,7 +267,6 @@ def summary(c: Columns, role: str, host: str) -> dict[str, Any]:
     def ms(name: str) -> float:
         return int(_zero(c[F[name]][work]).sum()) / 1000.0
 
-    solo = solo_forward_us(c)
     sched = c[NUM_REQS] != NONE
     return {
         "role": role,
