@@ -374,7 +374,7 @@ def test_live_updates_equal_a_fresh_analysis(tmp_path: Path) -> None:
     d = tmp_path / "traces"
     d.mkdir()
     idx = AnalysisIndex([d], index_dir=tmp_path / "index")
-    seen = []
+    seen, how = [], []
     for stage in [*stages, []]:
         with (d / "run.jsonl").open("a") as fh:
             fh.writelines(_line(p) for p in stage)
@@ -384,6 +384,10 @@ def test_live_updates_equal_a_fresh_analysis(tmp_path: Path) -> None:
         same_columns(run.columns(), RunColumns.from_requests(want.requests))
         assert idx.skew_edges() == _collect([d])
         seen.append((idx.last_reanalysed, idx.last_rows_written, run.clock_offsets))
+        how.append(idx.last_steps)
+    # the steps: placed again where offsets moved (stages 1, 2), joined again where the
+    # other mode's engines arrive under the same ids (too close for the array join)
+    assert how == ["joined", "extended", "extended", "joined", "kept"]
     assert len(run.requests) == 100
     assert "prefill-1" in seen[2][2]
     offsets = [{k: o.offset_ms for k, o in s[2].items()} for s in seen]

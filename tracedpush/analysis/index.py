@@ -686,7 +686,7 @@ class AnalysisIndex:
             self._derived = derived
             return LazySteps(lambda: self._kept_steps(key, label, applied), derived[1], derived[2])
         used = [state.resources[i] for i in label]
-        was = None if delta.spans is None else self._kept_steps((delta.base, key[1]))
+        was = None if delta.spans is None else self._steps_at(delta.base)
         parts = None if was is None else delta.parts()
         got = None if was is None or parts is None else was.extended(parts, used, applied)
         self.last_steps = "extended"
@@ -695,13 +695,26 @@ class AnalysisIndex:
             self.last_steps = "joined"
         return self._keep_steps(got, key)
 
+    def _steps_at(self, version: int) -> steps_mod.EngineSteps | None:
+        """The steps made at this process version, with whatever offsets (to extend)."""
+        if self._steps is not None and self._steps[0][0] == version:
+            return self._steps[1]
+        key = self._stored_key("steps")
+        kept = None if key is None or key[0] != version else self._stored("steps", key)
+        return None if kept is None else kept[1]
+
+    def _stored_key(self, name: str) -> Any:
+        """The key the value kept under `name` was made for (without reading it: the
+        steps are 600 MB at 200,000 requests)."""
+        row = self._connect().execute("SELECT v FROM meta WHERE k = ?", (f"{name}.key",))
+        got = row.fetchone()
+        return None if got is None else pickle.loads(got[0])
+
     def _stored(self, name: str, key: Any) -> Any:
         """The value kept under `name` beside the key it was made for, if that is `key`."""
-        db = self._connect()
-        row = db.execute("SELECT v FROM meta WHERE k = ?", (f"{name}.key",)).fetchone()
-        if row is None or pickle.loads(row[0]) != key:  # (not reading the steps' 600 MB)
+        if self._stored_key(name) != key:
             return None
-        row = db.execute("SELECT v FROM meta WHERE k = ?", (name,)).fetchone()
+        row = self._connect().execute("SELECT v FROM meta WHERE k = ?", (name,)).fetchone()
         kept = pickle.loads(row[0]) if row is not None else None
         return kept if kept is not None and kept[0] == key else None
 
@@ -779,18 +792,13 @@ class AnalysisIndex:
         return self._tpot[1]
 
     def _kept_steps(
-        self,
-        key: Any,
-        label: dict[int, str] | None = None,
-        applied: dict[str, float] | None = None,
-    ) -> steps_mod.EngineSteps | None:
-        """The steps made for `key`, from memory or the index. Not kept there (no pause,
-        no `close` since) or older: None, or, given `label` and `applied`, parsed."""
+        self, key: Any, label: dict[int, str], applied: dict[str, float]
+    ) -> steps_mod.EngineSteps:
+        """The steps made for `key`, from memory or the index; not kept there (no pause,
+        no `close` since) or older: parsed."""
         if self._steps is None or self._steps[0] != key:
             kept = self._stored("steps", key)
             if kept is None:
-                if label is None or applied is None:
-                    return None
                 state = self._state
                 assert state is not None
                 used = [state.resources[i] for i in label]

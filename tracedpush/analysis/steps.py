@@ -458,6 +458,7 @@ class StepParts:
         store.engines = dict(self.engines)
         store.spans = self.spans
         store.resources = list(self.resources.values())
+        store.offsets = np.zeros(len(self.origins) or 1, np.int64)
         origin_of = {(id(r), role): i for i, (r, role) in enumerate(self.origins)}
         for eid in sorted(set(self.sched) | set(self.work)):
             s_cols = cols.concat(self.sched.pop(eid, ()))
@@ -549,10 +550,11 @@ class EngineSteps:
     ) -> EngineSteps | None:
         """What `StepParts.placed` makes of every process span, from these steps (placed
         with `applied_ms`) and `parts` (the process spans that arrived since), joining
-        again only the records near the new ones (`steps_columns.extend`). None where
-        that would not be exact: an engine was joined record by record, a new clock
-        domain moved an origin's offset, or the new records are too close to join as
-        arrays. Uses `parts` up; these steps are not changed."""
+        again only the records near the new ones (`steps_columns.extend`); where the
+        offsets moved, these steps are placed again first (`steps_columns.moved`), not
+        joined again. None where that would not be exact: an engine was joined record
+        by record, or the new records are too close to join as arrays. Uses `parts`
+        up; these steps are not changed."""
         if self.slow:
             return None
         out = EngineSteps()
@@ -566,18 +568,19 @@ class EngineSteps:
         out.resources = list(
             {**dict.fromkeys(self.resources), **dict.fromkeys(parts.resources.values())}
         )
+        off = np.zeros(len(out.origins) or 1, np.int64)
         if applied_ms:
             off = _offsets(out.origins, [*resources, *out.resources], applied_ms)
-            n = len(self.offsets)
-            if self.columns and not np.array_equal(off[:n], self.offsets):
-                return None
-        else:
-            off = np.zeros(len(out.origins) or 1, np.int64)
-        for eid in sorted(self.columns.keys() | parts.sched.keys() | parts.work.keys()):
+        was = np.zeros_like(off)  # the offsets these steps were placed with
+        was[: len(self.offsets)] = self.offsets
+        old = self.columns
+        if not np.array_equal(was, off):
+            old = {eid: cols.moved(c, was, off) for eid, c in old.items()}
+        for eid in sorted(old.keys() | parts.sched.keys() | parts.work.keys()):
             new = [cols.concat(side.pop(eid, ())) for side in (parts.sched, parts.work)]
             for c in new:
                 c[cols.ORIGIN] = remap[c[cols.ORIGIN]]
-            got = cols.extend(self.columns.get(eid, cols.empty()), *new, off, _JOIN_SLACK_NS)
+            got = cols.extend(old.get(eid, cols.empty()), *new, off, _JOIN_SLACK_NS)
             if got is None:
                 return None
             out.columns[eid] = got

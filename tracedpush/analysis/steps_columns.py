@@ -151,6 +151,14 @@ def place(c: Columns, offsets: np.ndarray) -> Columns:
     return out[:, np.lexsort((out[SEQ], out[START]))]
 
 
+def moved(c: Columns, was: np.ndarray, now: np.ndarray) -> Columns:
+    """Steps `join` made and `place` placed with offsets `was`, placed with `now`
+    instead: `join` sorts by (start, seq) with no ties, so the raw times sorted again
+    are its output."""
+    raw = _shifted(c, was, 1)
+    return place(raw[:, np.lexsort((raw[SEQ], raw[START]))], now)
+
+
 def _shifted(c: Columns, offsets: np.ndarray, sign: int) -> Columns:
     """A copy with start, end and scheduled time moved by `sign` * its origin's offset."""
     out = c.copy()
