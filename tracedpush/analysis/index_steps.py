@@ -98,8 +98,8 @@ class StepArrays:
     """One engine's steps as arrays, in `EngineSteps.steps` order (sorted by start)."""
 
     def __init__(self, c: cols.Columns) -> None:
-        self.start = c[cols.START].copy()
-        self.end = c[cols.END].copy()
+        self.start = c[cols.START]  # views: the steps' columns are never changed
+        self.end = c[cols.END]
         self.worker = cols.has_worker(c)
         conn = c[cols.CONNECTOR]
         self.conn_us = np.where(conn == cols.NONE, 0, conn).astype(float)

@@ -362,6 +362,8 @@ class RunAnalysis:
     def steps_summary(self) -> dict[str, dict[str, Any]]:
         """`EngineSteps.summary` of the run's engine steps ({} without any)."""
         store = self.engine_steps
-        if isinstance(store, LazySteps) and "summary" in store.derived:
+        if isinstance(store, LazySteps):
+            if "summary" not in store.derived:  # made once, kept with the steps
+                store.derived["summary"] = store.get().summary() if store else {}
             return store.derived["summary"]
         return store.summary() if store else {}
