@@ -498,6 +498,7 @@ def test_growing_process_traces_parse_only_new_steps(tmp_path: Path, monkeypatch
         assert sorted(parsed) == sorted(new_steps), i  # only what arrived
         # ... and only the steps near them were joined again
         assert idx.last_steps == ("extended" if i else "joined"), i
+        assert bool(idx._step_cache.parts) == (i == 0)  # every trace's parts let go
         want = reference([d])
         same(run, want)
         solo = {e: want.engine_steps.solo_forward_us(e) for e in want.engine_steps.columns}

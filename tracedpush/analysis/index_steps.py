@@ -7,8 +7,9 @@ refresh the whole run. Here:
 
 * `StepDelta` holds the process spans that arrived since the steps were made: an update
   parses only those and joins them into the kept steps (`EngineSteps.extended`);
-  `StepCache` keeps each process trace's parsed parts for when everything must be
-  joined again (offsets moved, a trace replaced, an engine joined record by record);
+  where the offsets moved, the kept steps are placed again first. `StepCache` keeps
+  each process trace's parsed parts for when everything must be joined again (no steps
+  kept, a process trace replaced, an engine joined record by record);
 * `TpotSteps.changed` compares D's step arrays before and after: where they differ (new
   steps, a scheduler record joined to a worker one), in time, and whether an engine's
   solo forward cost moved. Only requests whose decode window meets a changed stretch
