@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import gzip
 import json
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,43 @@ def test_cold_and_warm_equal_analyze(tmp_path: Path, skewed: synthetic.Synthetic
         for s in r.spans
     ]
     warm_idx.close()
+
+
+@pytest.mark.parametrize("damage", ["torn", "gone", "other run's"])
+def test_kept_steps_files_that_went_wrong_are_made_again(
+    tmp_path: Path, skewed: synthetic.SyntheticRun, damage: str
+) -> None:
+    """The run's engine steps and their TPOT arrays are kept as files beside the index
+    database. One torn, deleted or from another state is not read: the steps are made
+    again from the spans, equal to `analyze()`'s, and written again on `close`."""
+    d = tmp_path / "traces"
+    skewed.write(d)
+    want = reference([d])
+    idx = AnalysisIndex([d])
+    idx.update()
+    idx.close()
+    files = [idx.dir / "steps.pickle", idx.dir / "steps-tpot.pickle"]
+    assert all(f.stat().st_size > 0 for f in files)
+    for f in files:
+        if damage == "torn":
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+        elif damage == "gone":
+            f.unlink()
+        else:
+            f.write_bytes(pickle.dumps((("another", []), None)))
+
+    def steps(store: Any) -> list:
+        return [(e, [s.to_json() for s in store.steps[e]]) for e in sorted(store.columns)]
+
+    again = AnalysisIndex([d])
+    got = again.update()
+    same(got, want)
+    assert steps(got.engine_steps) == steps(want.engine_steps)
+    again.close()
+    assert pickle.loads(files[0].read_bytes())[0] is not None  # written again
+    third = AnalysisIndex([d])
+    assert steps(third.update().engine_steps) == steps(want.engine_steps)
+    third.close()
 
 
 @pytest.mark.parametrize("torn", [False, True])

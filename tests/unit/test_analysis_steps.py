@@ -529,3 +529,19 @@ def test_steps_placed_again_keep_the_joined_order_of_ties() -> None:
     want = cols.place(joined, now)
     assert want[cols.DURATION, 0] == 7  # the tie: the worker step first, as joined
     assert (cols.moved(cols.place(joined, was), was, now) == want).all()
+
+
+def test_thread_samples_survive_pickling(run) -> None:
+    """Steps and their parts are pickled with their thread samples as `marshal`ed
+    tuples (an index writes them on every pause of a Live run; the build's workers send
+    theirs): the same samples come back."""
+    import pickle
+
+    from tracedpush.analysis.steps import StepParts
+
+    store = run.engine_steps
+    assert store.samples
+    assert pickle.loads(pickle.dumps(store)).samples == store.samples
+    parts = StepParts()
+    parts.samples = list(store.samples)
+    assert pickle.loads(pickle.dumps(parts)).samples == store.samples
