@@ -563,9 +563,8 @@ class EngineSteps:
         (only deltas are used)."""
         if not isinstance(offsets, np.ndarray):
             offsets = cols.origin_offsets(self.origins, offsets)
-        off = offsets
-        self.columns = {eid: cols.place(c, off) for eid, c in self.columns.items()}
-        self.offsets = off
+        self.columns = {eid: cols.place(c, offsets) for eid, c in self.columns.items()}
+        self.offsets = offsets
         self._lists = {}
         self._max_end = {}
         self._solo = {}
