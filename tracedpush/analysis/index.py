@@ -609,7 +609,7 @@ class AnalysisIndex:
         slots.put_rows([(t, self._kept[t]) for t in stale])
         # TPOT breakdowns hold while the engine steps and offsets do: new results need
         # one, and those whose decode window meets steps that changed (`index_steps`)
-        steps_key = (state.process_version, sorted(applied.items()))
+        steps_key = self._steps_key(applied)
         before = self._tpot_before(steps_key)
         engine_steps = self._engine_steps(label, applied)
         redo_all = False
@@ -680,7 +680,7 @@ class AnalysisIndex:
         200,000 requests 7 s of CPU and 2.7 GB)."""
         state = self._state
         assert state is not None
-        key = (state.process_version, sorted(applied.items()))
+        key = self._steps_key(applied)
         delta, self._delta = self._delta, StepDelta(state.process_version)
         self.last_steps = "kept"
         if self._steps is not None and self._steps[0] == key and self._derived is not None:
@@ -690,17 +690,30 @@ class AnalysisIndex:
         if derived is not None:
             self._derived = derived
             return LazySteps(lambda: self._kept_steps(key, label, applied), derived[1], derived[2])
-        used = [state.resources[i] for i in label]
         was = None if delta.spans is None else self._steps_at(delta.base)
-        parts = None if was is None else delta.parts()
-        got = None if was is None or parts is None else was.extended(parts, used, applied)
-        self.last_steps = "extended"
+        got = None if was is None else was.extended(delta.parts(), self._used(label), applied)
         if got is None:
-            got = self._parts().placed(used, applied)
+            got = self._joined(label, applied)
             self.last_steps = "joined"
         else:  # every trace's parsed parts (600 MB at 200,000 requests) are not needed
             self._step_cache = StepCache()
+            self.last_steps = "extended"
         return self._keep_steps(got, key)
+
+    def _steps_key(self, applied: dict[str, float]) -> tuple[int, list[tuple[str, float]]]:
+        """What the run's steps, as placed, are made of: the process spans so far (their
+        version) and the offsets applied."""
+        assert self._state is not None
+        return (self._state.process_version, sorted(applied.items()))
+
+    def _used(self, label: dict[int, str]) -> list[Resource]:
+        """The resources the offsets were estimated over (their clock domains)."""
+        assert self._state is not None
+        return [self._state.resources[i] for i in label]
+
+    def _joined(self, label: dict[int, str], applied: dict[str, float]) -> steps_mod.EngineSteps:
+        """Every process span's steps joined and placed (`StepCache`: each trace parsed once)."""
+        return self._parts().placed(self._used(label), applied)
 
     def _steps_at(self, version: int) -> steps_mod.EngineSteps | None:
         """The steps made at this process version, with whatever offsets (to extend)."""
@@ -823,10 +836,7 @@ class AnalysisIndex:
         if self._steps is None or self._steps[0] != key:
             kept = self._stored("steps", key)
             if kept is None:
-                state = self._state
-                assert state is not None
-                used = [state.resources[i] for i in label]
-                kept = (key, self._parts().placed(used, applied))
+                kept = (key, self._joined(label, applied))
                 self._steps_unsaved = True
             self._steps = kept
         return self._steps[1]

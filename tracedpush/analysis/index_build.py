@@ -461,9 +461,8 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         for tid in kept:
             if tid in mine:
                 merged.merge(mine.pop(tid), lambda r: resources[idx._res_key[_key(r)]], own=True)
-        used = [state.resources[i] for i in label]
-        key = (state.process_version, sorted(applied.items()))
-        idx._keep_steps(merged.placed(used, applied), key, write=True)
+        placed = merged.placed(idx._used(label), applied)  # uses the parts up
+        idx._keep_steps(placed, idx._steps_key(applied), write=True)
         del merged
         tpot_key, tpot_steps = idx._tpot
         blob = pickle.dumps(tpot_steps, protocol=pickle.HIGHEST_PROTOCOL)

@@ -91,8 +91,10 @@ class StepDelta:
     def spoil(self) -> None:
         self.spans = None
 
-    def parts(self) -> StepParts | None:
-        return None if self.spans is None else StepParts().extend(self.spans)
+    def parts(self) -> StepParts:
+        """The spans parsed (call only when not spoiled)."""
+        assert self.spans is not None
+        return StepParts().extend(self.spans)
 
 
 class StepArrays:
