@@ -125,17 +125,14 @@ def test_kept_steps_files_that_went_wrong_are_made_again(
         else:
             f.write_bytes(pickle.dumps((("another", []), None)))
 
-    def steps(store: Any) -> list:
-        return [(e, [s.to_json() for s in store.steps[e]]) for e in sorted(store.columns)]
-
     again = AnalysisIndex([d])
     got = again.update()
     same(got, want)
-    assert steps(got.engine_steps) == steps(want.engine_steps)
+    assert _steps_json(got.engine_steps) == _steps_json(want.engine_steps)
     again.close()
     assert pickle.loads(files[0].read_bytes())[0] is not None  # written again
     third = AnalysisIndex([d])
-    assert steps(third.update().engine_steps) == steps(want.engine_steps)
+    assert _steps_json(third.update().engine_steps) == _steps_json(want.engine_steps)
     third.close()
 
 
@@ -554,17 +551,14 @@ def test_growing_process_traces_parse_only_new_steps(tmp_path: Path, monkeypatch
             assert sum(x.execute("SELECT count(*) FROM more").fetchone()[0] for x in db) > 0
     assert fewer >= 2
 
-    def steps(store: Any) -> dict[str, list[dict]]:
-        return {e: [s.to_json() for s in store.steps[e]] for e in store.columns}
-
     # the steps themselves are written on `close`: an index opened before reads them anew
     unsaved = AnalysisIndex([d], index_dir=tmp_path / "index")
-    assert steps(unsaved.update().engine_steps) == steps(want.engine_steps)
+    assert _steps_json(unsaved.update().engine_steps) == _steps_json(want.engine_steps)
     unsaved.close()
     idx.close()
     warm = AnalysisIndex([d], index_dir=tmp_path / "index")
     same(warm.update(), want)
-    assert steps(warm.update().engine_steps) == steps(want.engine_steps)
+    assert _steps_json(warm.update().engine_steps) == _steps_json(want.engine_steps)
     # ... or when an update brings nothing (a Live index is seldom closed)
     later = _steps_later(pieces, 10**12)
     with (d / "run.jsonl").open("a") as fh:  # a request with engine steps, then a pause
@@ -581,10 +575,15 @@ def test_growing_process_traces_parse_only_new_steps(tmp_path: Path, monkeypatch
     parsed.clear()
     paused = AnalysisIndex([d], index_dir=tmp_path / "index")
     got = paused.update()
-    assert steps(got.engine_steps) == steps(want.engine_steps) and not parsed
+    assert _steps_json(got.engine_steps) == _steps_json(want.engine_steps) and not parsed
     assert got.contention().to_json() == want.contention().to_json()
     paused.close()
     warm.close()
+
+
+def _steps_json(store: Any) -> dict[str, list[dict]]:
+    """Every engine's steps as JSON, to compare two runs' step by step."""
+    return {e: [s.to_json() for s in store.steps[e]] for e in store.columns}
 
 
 def _steps_later(pieces: list[Piece], shift_ns: int) -> list[Piece]:

@@ -315,15 +315,19 @@ def _spread_docs(gen: synthetic.SyntheticRun, shift_s: int) -> list[dict]:
     return [*gen.documents, *later]
 
 
+# (both modes' runs, a restart under the same engine id this many s later, array join?)
+_JOIN_CASES = [
+    (False, None, True), (False, 3600, True), (False, 25, True), (False, 3, False),
+    (False, 0, False), (True, None, False), (True, 3600, False),
+]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def one_mode() -> synthetic.SyntheticRun:
     return synthetic.generate(80, modes=("push",), seed=5)
 
 
-@pytest.mark.parametrize(("two_modes", "shift_s", "arrays"), [
-    (False, None, True), (False, 3600, True), (False, 25, True), (False, 3, False),
-    (False, 0, False), (True, None, False), (True, 3600, False),
-])  # fmt: skip
+@pytest.mark.parametrize(("two_modes", "shift_s", "arrays"), _JOIN_CASES)
 def test_columns_equal_the_object_join(
     gen, one_mode, monkeypatch, two_modes: bool, shift_s: int | None, arrays: bool
 ) -> None:
@@ -383,10 +387,7 @@ def test_odd_arrays_convert_as_the_objects_do() -> None:
     _same_as_reference(EngineSteps.from_spans(spans), want)
 
 
-@pytest.mark.parametrize(("two_modes", "shift_s", "arrays"), [
-    (False, None, True), (False, 3600, True), (False, 25, True), (False, 3, False),
-    (False, 0, False), (True, None, False), (True, 3600, False),
-])  # fmt: skip
+@pytest.mark.parametrize(("two_modes", "shift_s", "arrays"), _JOIN_CASES)
 @pytest.mark.parametrize("arrival", ["by end", "shuffled"])
 @pytest.mark.parametrize("slack_ms", [None, 20])
 def test_extended_steps_equal_steps_joined_at_once(
@@ -404,8 +405,8 @@ def test_extended_steps_equal_steps_joined_at_once(
     `test_columns_equal_the_object_join`, spans arriving in order of their end (a live
     run) or shuffled, in chunks of every size, placed on a skewed clock or not (or
     first on the other: offsets that moved), and through a pickled copy (as an index
-    keeps them): the same columns, samples and
-    engines as one join of every span; or None wherever that join is record by record.
+    keeps them): the same columns, samples and engines as one join of every span; or
+    None wherever that join is record by record.
     The synthetic runs last seconds: with the join's slack (10 s) every refresh joins
     them all again; a 20 ms slack leaves most steps as they were."""
     import dataclasses
