@@ -340,13 +340,13 @@ def test_columns_equal_the_object_join(
     run = gen if two_modes else one_mode
     docs = run.documents if shift_s is None else _spread_docs(run, shift_s)
     joined = []
-    real_join = steps_columns.join
+    real_join = steps_columns.join_table
 
     def spy(*a):
         joined.append(real_join(*a) is not None)
         return real_join(*a)
 
-    monkeypatch.setattr(steps_columns, "join", spy)
+    monkeypatch.setattr(steps_columns, "join_table", spy)
     spans = [s for s in TraceStore.from_documents(docs).all_spans() if s.name in sc.PROCESS_SPANS]
     _same_as_reference(EngineSteps.from_spans(spans), _reference(spans))
     assert set(joined) == {arrays}  # the path this case is for
@@ -530,6 +530,29 @@ def test_steps_placed_again_keep_the_joined_order_of_ties() -> None:
     want = cols.place(joined, now)
     assert want[cols.DURATION, 0] == 7  # the tie: the worker step first, as joined
     assert (cols.moved(cols.place(joined, was), was, now) == want).all()
+
+
+def test_steps_joined_from_one_table_let_their_blocks_go() -> None:
+    """The build joins an engine's records from one table (`stacked`: worker blocks,
+    then scheduler blocks), emptying the block lists as it copies them, so the blocks
+    and the table are never both whole in memory; the join and the placing in place
+    equal the two-sided join and a placing on a copy."""
+    from tracedpush.analysis import steps_columns as cols
+
+    w = [_records("worker", (1, 100), (2, 5_000)), _records("worker", (3, 9_000))]
+    s = [_records("scheduler", (2, 5_050)), _records("scheduler", (1, 120), (4, 20_000))]
+    want = cols.join(np.concatenate(s, axis=1), np.concatenate(w, axis=1), 100)
+    blocks = [*w, *s]
+    table = cols.stacked(w, s)
+    assert w == [] and s == []  # let go
+    assert (table == np.concatenate(blocks, axis=1)).all()
+    got = cols.join_table(table, 3, 100)
+    assert want is not None and got is not None and (got == want).all()
+    assert got.shape[1] == 4  # seq 1 and 2 merged, 3 and 4 alone
+    off = np.array([250], np.int64)
+    on_copy = cols.place(got, off)
+    assert (cols.place(got, off, own=True) == on_copy).all()
+    assert (got[cols.START] == want[cols.START] - 250).all()  # moved where it was
 
 
 def test_thread_samples_survive_pickling(run) -> None:

@@ -187,7 +187,7 @@ class AnalysisIndex:
         self.last_error: str | None = None  # why the last read missed a path
         self._stale_saved: list[str] = []
         self._tpot_saved: list[str] = []  # requests the last update made a breakdown for
-        self._kept_durations: dict[str, tuple[tuple[str, float], ...]] | None = None
+        self._kept_durations: dict[str, bytes] | None = None  # `TraceFacts.durations`
         self._save_all = False  # every kept result changed (TPOT breakdowns redone)
         self._slots: TraceSlots | None = None  # kept between updates (`index_live`)
         self.last_rows_written = 0  # traces whose facts, row or TPOT the last update wrote
@@ -528,8 +528,11 @@ class AnalysisIndex:
             r = self._resource(s.resource)
             counts[r] = counts.get(r, 0) + 1
         facts.res = tuple(counts)
-        facts.durations = tuple(
-            (s.name, (s.end_ns - s.start_ns) / 1e6) for s in sorted(req, key=lambda s: s.start_ns)
+        facts.durations = marshal.dumps(
+            tuple(
+                (s.name, (s.end_ns - s.start_ns) / 1e6)
+                for s in sorted(req, key=lambda s: s.start_ns)
+            )
         )
         facts.res_counts = tuple(counts.values())
         root = ix.root
@@ -544,15 +547,25 @@ class AnalysisIndex:
         return facts
 
     def _offsets(self, order: list[tuple[str, Kept]]) -> tuple[dict[str, ClockOffset], dict]:
-        """The run's clock offsets from the kept pairs of `order` (every trace), made
-        afresh: `index_build` asks before the results exist, so the slots `_analyse`
-        keeps are made again from the kept facts when next used."""
+        """The run's clock offsets from the kept pairs of `order` (every trace), for
+        `index_build`, which asks before the results exist: the slots are kept, and it
+        puts the results in them when they come (`_built`)."""
         state = self._state
         assert state is not None
-        slots = TraceSlots(self.buckets, self.load_buckets)
+        slots = self._slots = TraceSlots(self.buckets, self.load_buckets)
         slots.put_facts(order)
-        self._slots = None
-        return slots.offsets(state.resources, self.skew_policy)
+        state.offsets = (self.skew_policy, *slots.offsets(state.resources, self.skew_policy))
+        return state.offsets[1], state.offsets[2]
+
+    def _built(self, off: list[int]) -> None:
+        """`index_build` has every result's row and TPOT breakdown (made with the offsets
+        `_offsets` gave, `off` ns per resource): the slots get them, as `_trace_slots`
+        would make them, and `_analyse` finds nothing stale."""
+        state = self._state
+        assert state is not None and self._slots is not None
+        self._slots.put_rows(list(self._kept.items()))
+        self._slots.put_tpot([k for _t, k in self._slots.requests()])
+        state.off = off
 
     def _trace_slots(self, changed: dict[str, list[Span]]) -> TraceSlots:
         """The kept traces by slot with the changed ones written: made from every kept
@@ -565,7 +578,6 @@ class AnalysisIndex:
             slots.put_rows(everything)
             slots.put_tpot([k for _t, k in slots.requests()])
         else:
-            slots.touched.clear()
             slots.put_facts([(t, self._kept[t]) for t in changed])
         return slots
 
@@ -637,6 +649,7 @@ class AnalysisIndex:
         self._save_all = redo_all
         state.tpot_key = steps_key
         self.last_rows_written = len(slots.touched)
+        slots.touched.clear()
         # the requests in `analyze`'s order, each's `Kept` and TPOT breakdown as of now
         order, cols = slots.run_columns()
         kept, tpots = slots.kept[order], slots.tpot[order]
@@ -870,7 +883,7 @@ class AnalysisIndex:
                 part = touched
             blob = marshal.dumps({t: self._kept[t].dump() for t in part})
             db.execute("INSERT INTO kept (seg, v) VALUES (?, ?)", (state.segments, blob))
-            blob = marshal.dumps({t: self._durations(t) for t in part})
+            blob = marshal.dumps({t: self._durations_packed(t) for t in part})
             db.execute("INSERT INTO durations (seg, v) VALUES (?, ?)", (state.segments, blob))
             state.segments += 1
         db.execute(
@@ -940,6 +953,10 @@ class AnalysisIndex:
 
     def _durations(self, tid: str) -> tuple[tuple[str, float], ...]:
         """(name, ms) of a trace's request spans: made with its facts, else kept."""
+        got = self._durations_packed(tid)
+        return marshal.loads(got) if got else ()
+
+    def _durations_packed(self, tid: str) -> bytes:
         got = self._kept[tid].facts.durations
         if got:
             return got
@@ -948,7 +965,7 @@ class AnalysisIndex:
             q = "SELECT v FROM durations ORDER BY seg"
             for (blob,) in self._connect().execute(q):
                 self._kept_durations.update(marshal.loads(blob))
-        return self._kept_durations.get(tid, ())
+        return self._kept_durations.get(tid, b"")
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._kept)

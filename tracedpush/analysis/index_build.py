@@ -5,17 +5,19 @@ core. Here each worker (forked, so it starts with the index's settings) scans ev
 line of every file, but cheaply: msgspec reads a line's structure and leaves each span
 as raw bytes (``msgspec.Raw``), whose shard is read off its first key (a plain hex
 trace id is hashed as it stands). A worker decodes only the spans of its shard's traces
-(`otlp_fast`, typed, else `otlp.Decoder`) and keeps each packed as its span database
-will hold it (`index_store.pack`), not as a `Span`: a shard of a 200,000-request run is
-~1 M spans, several GB as objects. Then, one trace at a time, it unpacks the spans,
-writes them to its own span database, parses the engine steps of per-process traces
-into columns (`steps.StepParts`) and sends the parent its traces' facts (first-seen
-position, causal pairs, ...) and those parts. The parent estimates the clock offsets
-from all facts, as `AnalysisIndex` does, and sends them; each worker unpacks its
-requests again and analyses them with those offsets while the parent joins the run's
-engine steps from every worker's parts (in first-seen order, as one reader would) and
-places them on the proxy clock; then each worker splits its requests' TPOT over them
-(`index_steps.split_tpot`) and sends back the results' rows and breakdowns.
+(`otlp_fast`, typed, else `otlp.Decoder`), packs each as its span database will hold
+it (`index_store.pack`) and appends it to a spill file, keeping only its place: a shard
+of a 200,000-request run is ~1 M spans, several GB as objects, 1.5 GB packed. Then, one
+trace at a time, it reads the records back, writes them to its own span database,
+sends the parent each per-process trace's engine steps parsed into columns
+(`steps.StepParts`) as it goes, and then its traces' facts (first-seen position, causal
+pairs, ...). The parent estimates the clock offsets from all facts, as `AnalysisIndex`
+does, and sends them; each worker reads its requests again and analyses them with
+those offsets while the parent joins the run's engine steps from every worker's parts
+(in first-seen order, as one reader would) and places them on the proxy clock; then
+each worker splits its requests' TPOT over them (`index_steps.split_tpot`) and sends
+back the results' rows and breakdowns. Each side gives the heap's free pages back after
+its big phases (`_trim`): the build's memory is what the processes hold at once.
 
 Everything counted per line (lines, documents, malformed lines) is counted by worker 0;
 spans by the worker of their shard. Lines that are not plain OTLP JSON (another shape, a
@@ -26,16 +28,19 @@ line) leave the build to the sequential path, which knows those cases.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import marshal
+import mmap
 import multiprocessing
 import pickle
+import tempfile
 import time
 import traceback
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +74,7 @@ except ImportError:  # pragma: no cover - the sequential build needs no msgspec
     otlp_fast = None  # type: ignore[assignment]
 
 _CHUNK = 8 << 20
+_SIZE = (1 << 32) - 1  # a spilled record's size, in its place (see `_Worker.spans`)
 WORKER_PEAK_KB: list[int] = []  # the last build's workers' peak RSS (benchmarks read it)
 # and their CPU seconds: (read, store spans and facts, analyse)
 WORKER_CPU: list[tuple[float, float, float]] = []
@@ -139,15 +145,21 @@ def _trace_id(raw: bytes) -> str:
 class _Worker:
     """One shard's share of the build (runs in a forked process).
 
-    Each span is kept packed (its `index_store.record` in `marshal`, as its span
-    database keeps it) from the moment it is read: decoded `Span` objects of a whole
-    shard cost ~3 KB each, several GB at 200,000 requests. The phases after reading
-    unpack one trace at a time (`traces`)."""
+    Each span is packed (its `index_store.record` in `marshal`, as its span database
+    keeps it) the moment it is read, and appended to a spill file: an unnamed temporary
+    file beside the index, gone when the process ends however it ends. In memory stay
+    only each record's place in it: a whole shard's records are ~1.5 GB at 200,000
+    requests, their places ~0.1 GB, and a spilled page is the kernel's to keep or drop.
+    The phases after reading read one trace's records back at a time (`traces`)."""
 
     def __init__(self, idx: AnalysisIndex, shard: int, n: int) -> None:
         self.idx, self.shard, self.n = idx, shard, n
         self.stats = LoadStats()
-        self.spans: dict[str, dict[str, bytes]] = {}  # trace -> span id -> packed record
+        # trace -> span id -> its record's place in the spill file (offset << 32 | size)
+        self.spans: dict[str, dict[str, int]] = {}
+        # open for the worker's life (`close`); unnamed, so even a kill leaves nothing
+        self._spill = tempfile.TemporaryFile(dir=idx.dir, buffering=_CHUNK)  # noqa: SIM115
+        self._spilled = 0  # bytes written to it
         self.first: dict[str, tuple[int, int, int]] = {}  # trace -> (file, line, span)
         self.decoder = Decoder(self._add, self.stats)
         # worker 0 counts per-line things; the others decode fallback lines silently
@@ -157,6 +169,9 @@ class _Worker:
         self._res_ix: dict[int, int] = {}  # id(resource) -> its place in the interning
         self._pos = (0, 0, 0)
         self.lines_ok: list[int] = []
+
+    def close(self) -> None:
+        self._spill.close()
 
     def mine(self, tid: str) -> bool:
         return shard_of(tid) % self.n == self.shard
@@ -180,7 +195,9 @@ class _Worker:
         elif sid in spans:
             self.stats.duplicates += 1
             return
-        spans[sid] = packed
+        self._spill.write(packed)
+        spans[sid] = self._spilled << 32 | len(packed)
+        self._spilled += len(packed)
         self.stats.spans += 1
 
     def _add(self, span: Span) -> None:
@@ -190,11 +207,26 @@ class _Worker:
             self._keep(span.trace_id, span.span_id, marshal.dumps(rec))
 
     def traces(self, tids: Iterable[str]) -> Iterator[tuple[str, list[bytes], list[Span]]]:
-        """(trace id, packed records, spans) of each of `tids`, decoded one at a time."""
+        """(trace id, packed records, spans) of each of `tids`, decoded one at a time.
+
+        The spill file is mapped (a record is a slice: no system call each); the pages
+        read are dropped from this process every `_CHUNK` * 4 bytes, so its resident
+        size does not grow to the file's."""
         resources = self.resources()
-        for tid in tids:
-            packed = list(self.spans[tid].values())
-            yield tid, packed, spans_of(tid, packed, resources)
+        self._spill.flush()
+        if not self._spilled:
+            yield from ((tid, [], []) for tid in tids)
+            return
+        with mmap.mmap(self._spill.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            read = 0
+            for tid in tids:
+                places = self.spans[tid].values()
+                packed = [mm[at >> 32 : (at >> 32) + (at & _SIZE)] for at in places]
+                yield tid, packed, spans_of(tid, packed, resources)
+                read += sum(map(len, packed))
+                if read > _CHUNK * 4:
+                    mm.madvise(mmap.MADV_DONTNEED)
+                    read = 0
 
     def read(self, files: Sequence[tuple[Path, int]]) -> None:
         for fi, (f, end) in enumerate(files):
@@ -308,6 +340,7 @@ def _run_worker(
 ) -> None:
     """Phase 1: read, store spans, send facts; phase 2: analyse with the offsets sent."""
     gc.disable()
+    w: _Worker | None = None
     try:
         cpu = [time.process_time()]
         w = _Worker(idx, shard, n)
@@ -319,13 +352,12 @@ def _run_worker(
         idx._state.resources = resources  # type: ignore[union-attr]
         idx._index_resources()
         facts: dict[str, TraceFacts] = {}
-        parts: dict[str, StepParts] = {}  # per-process traces' engine steps, parsed
 
         def stored() -> Iterator[tuple[str, bytes]]:
             for tid, packed, spans in w.traces(list(w.spans)):
                 f = facts[tid] = idx._facts(tid, spans, 0)
-                if f.process:
-                    parts[tid] = StepParts().extend(spans)
+                if f.process:  # its engine steps, parsed: the parent joins the run's
+                    conn.send_bytes(pickle.dumps(("parts", tid, StepParts().extend(spans))))
                 yield tid, pack_packed(packed)
 
         db = open_span_db(idx.dir, shard)
@@ -335,9 +367,10 @@ def _run_worker(
         cpu.append(time.process_time())
         conn.send_bytes(
             pickle.dumps(
-                (resources if shard == 0 else None, [tuple(_key(r) for r in resources)],
-                 marshal.dumps({t: f.as_tuple() for t, f in facts.items()}),  # 5x pickle's speed
-                 marshal.dumps(w.first), w.stats, w.lines_ok, parts),
+                ("facts", resources if shard == 0 else None,
+                 [tuple(_key(r) for r in resources)],
+                 marshal.dumps({t: f.as_tuple() for t, f in facts.items()}),  # 5x pickle's
+                 marshal.dumps(w.first), w.stats, w.lines_ok),
                 protocol=pickle.HIGHEST_PROTOCOL,
             )
         )  # fmt: skip
@@ -345,7 +378,7 @@ def _run_worker(
         for tid, f in facts.items():  # per-process traces: no result, so no more reads
             if not f.res:
                 del w.spans[tid]
-        parts.clear()  # sent: the parent joins them
+        _trim()
         off = pickle.loads(conn.recv_bytes())
         cpu.append(time.process_time())
         rows = {}  # the parent gets each result's row; the results go to the span database
@@ -370,13 +403,26 @@ def _run_worker(
         tpots = split_tpot(((t, row, facts[t]) for t, row in rows.items()), off, lambda: steps)
         cpu.append(time.process_time())
         times = (cpu[1] - cpu[0], cpu[2] - cpu[1], cpu[4] - cpu[3])
-        reply = (rows, tpots, _peak_kb(), times)
+        # rows and breakdowns are plain tuples, dicts and numbers: `marshal`, as the facts
+        reply = (marshal.dumps(rows), marshal.dumps(tpots), _peak_kb(), times)
         conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
     except BaseException:
         conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
         raise
     finally:
+        if w is not None:
+            w.close()
         conn.close()
+
+
+def _trim() -> None:
+    """Give the heap's free pages back to the system (glibc keeps them otherwise): the
+    objects just let go would count in this process's resident size, and in the peak
+    of the whole build's, until the process ends."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _peak_kb() -> int:
@@ -423,7 +469,18 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         pipes.append(parent)
         procs.append(p)
     try:
-        phase1 = [_recv(c) for c in pipes]
+        # each worker's per-process traces' parsed engine steps as it stores them (so
+        # neither side holds a shard's at once), then its facts
+        mine: dict[str, StepParts] = {}
+        phase1: list[Any] = [None] * workers
+        waiting = {c: shard for shard, c in enumerate(pipes)}
+        while waiting:
+            for c in wait(list(waiting)):
+                got = _recv(c)
+                if got[0] == "parts":
+                    mine[got[1]] = got[2]
+                else:
+                    phase1[waiting.pop(c)] = got[1:]  # type: ignore[call-overload]
         keys = {tuple(k[1][0]) for k in phase1}
         if len(keys) != 1:
             raise RuntimeError("workers interned resources differently")
@@ -432,7 +489,7 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         idx._index_resources()
         firsts: list[tuple[tuple[int, int, int], str, TraceFacts]] = []
         stats = state.stats
-        for _res, _keys, facts, first, st, _ok, _parts in phase1:
+        for _res, _keys, facts, first, st, _ok in phase1:
             first = marshal.loads(first)
             firsts += [(first[t], t, TraceFacts(*f)) for t, f in marshal.loads(facts).items()]
             _merge(stats, st)
@@ -456,7 +513,6 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         # in first-seen order (as the sequential path reads them), placed with the
         # offsets; then the workers split their requests' TPOT over them
         state.process_version += 1
-        mine = {tid: p for p1 in phase1 for tid, p in p1[6].items()}
         merged = StepParts()
         for tid in kept:
             if tid in mine:
@@ -464,6 +520,7 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         placed = merged.placed(idx._used(label), applied)  # uses the parts up
         idx._keep_steps(placed, idx._steps_key(applied), write=True)
         del merged
+        _trim()
         tpot_key, tpot_steps = idx._tpot
         blob = pickle.dumps(tpot_steps, protocol=pickle.HIGHEST_PROTOCOL)
         for c in pipes:
@@ -472,7 +529,9 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         WORKER_PEAK_KB.clear()
         WORKER_CPU.clear()
         for c in pipes:
-            rows, tpots, peak, times = _recv(c)
+            rows_blob, tpots_blob, peak, times = _recv(c)
+            rows, tpots = marshal.loads(rows_blob), marshal.loads(tpots_blob)
+            del rows_blob, tpots_blob
             WORKER_PEAK_KB.append(peak)
             WORKER_CPU.append(times)
             for tid, row in rows.items():
@@ -481,10 +540,13 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
                 k.offsets = tuple(off[i] for i in k.facts.res)
                 k.tpot = tpots[tid]
         state.tpot_key = tpot_key
+        idx._built(off)
     finally:
+        for c in pipes:  # a worker still waiting on the parent (it failed) gets EOF
+            c.close()
         for p in procs:
             p.join(timeout=60)
-    lines_ok = [sum(x) for x in zip(*(p1[5] for p1 in phase1), strict=True)]
+    lines_ok = phase1[0][5]  # every worker reads every line: the lead's count
     files_state = {}
     for (f, end), ok in zip(ends, lines_ok, strict=True):
         info = f.stat()

@@ -481,10 +481,12 @@ class StepParts:
         store.offsets = np.zeros(len(self.origins) or 1, np.int64)
         origin_of = {(id(r), role): i for i, (r, role) in enumerate(self.origins)}
         for eid in sorted(set(self.sched) | set(self.work)):
-            s_cols = cols.concat(self.sched.pop(eid, ()))
-            w_cols = cols.concat(self.work.pop(eid, ()))
-            joined = cols.join(s_cols, w_cols, _JOIN_SLACK_NS)
+            work = self.work.pop(eid, [])
+            n_work = sum(b.shape[1] for b in work)
+            table = cols.stacked(work, self.sched.pop(eid, []))
+            joined = cols.join_table(table, n_work, _JOIN_SLACK_NS)
             if joined is None:  # records too close for the array join: the reference one
+                w_cols, s_cols = table[:, :n_work], table[:, n_work:]
                 objs = join(store._make(eid, s_cols), store._make(eid, w_cols))
                 joined = _as_columns(objs, origin_of)
                 store.slow.add(eid)
@@ -497,7 +499,8 @@ class StepParts:
         offset applied (ms), as `analyze` computed them."""
         store = self.store()  # uses the parts up
         if store.columns and applied_ms:
-            store.place(_offsets(store.origins, [*resources, *store.resources], applied_ms))
+            offsets = _offsets(store.origins, [*resources, *store.resources], applied_ms)
+            store.place(offsets, own=True)
         return store
 
 
@@ -557,13 +560,16 @@ class EngineSteps:
         """From process spans, one at a time (a big run's need not be in memory at once)."""
         return StepParts().extend(spans).store()
 
-    def place(self, offsets: np.ndarray | Callable[[Resource], int]) -> None:
+    def place(self, offsets: np.ndarray | Callable[[Resource], int], *, own: bool = False) -> None:
         """Move every step onto the reference (proxy) clock: t - offset of its instance
         (ns per origin, or per resource). Call once; thread samples keep their raw times
-        (only deltas are used)."""
+        (only deltas are used). `own`: the columns are this object's alone, so they are
+        moved where they are (one engine's copy at a time, not every engine's)."""
         if not isinstance(offsets, np.ndarray):
             offsets = cols.origin_offsets(self.origins, offsets)
-        self.columns = {eid: cols.place(c, offsets) for eid, c in self.columns.items()}
+        columns, self.columns = self.columns, {}
+        for eid in list(columns):
+            self.columns[eid] = cols.place(columns.pop(eid), offsets, own=own)
         self.offsets = offsets
         self._lists = {}
         self._max_end = {}

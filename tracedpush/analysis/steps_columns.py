@@ -120,10 +120,16 @@ def join(sched: Columns, work: Columns, slack_ns: int) -> Columns | None:
 
     Every worker record takes the scheduler record of its seq within `slack_ns`; the
     records are sorted by (start, seq)."""
-    if not (_spread(work, slack_ns) and _spread(sched, slack_ns)):
+    return join_table(np.concatenate([work, sched], axis=1), work.shape[1], slack_ns)
+
+
+def join_table(u: Columns, n_work: int, slack_ns: int) -> Columns | None:
+    """`join` of one table: the worker records, then the scheduler records (`stacked`,
+    so an engine's records are in memory once, not also as two sides: at 200,000
+    requests a decode engine's are 500 MB)."""
+    if not (_spread(u[:, :n_work], slack_ns) and _spread(u[:, n_work:], slack_ns)):
         return None
-    u = np.concatenate([work, sched], axis=1)
-    is_work = np.arange(u.shape[1]) < work.shape[1]
+    is_work = np.arange(u.shape[1]) < n_work
     o = np.lexsort((u[START], u[SEQ]))
     seq, start, w = u[SEQ][o], u[START][o], is_work[o]
     pair = (seq[1:] == seq[:-1]) & (w[1:] != w[:-1]) & (np.abs(start[1:] - start[:-1]) < slack_ns)
@@ -142,12 +148,13 @@ def join(sched: Columns, work: Columns, slack_ns: int) -> Columns | None:
     return out
 
 
-def place(c: Columns, offsets: np.ndarray) -> Columns:
+def place(c: Columns, offsets: np.ndarray, *, own: bool = False) -> Columns:
     """Steps moved onto the reference clock (t - their origin's offset), re-sorted by
-    (start, seq) keeping the order of ties, as `EngineSteps.place` did."""
+    (start, seq) keeping the order of ties, as `EngineSteps.place` did. `own`: `c` is
+    the caller's to spend (moved in place, not copied first)."""
     if not c.shape[1]:
         return c
-    out = _shifted(c, offsets, -1)
+    out = _shifted(c, offsets, -1, copy=not own)
     return out[:, np.lexsort((out[SEQ], out[START]))]
 
 
@@ -159,9 +166,10 @@ def moved(c: Columns, was: np.ndarray, now: np.ndarray) -> Columns:
     return place(raw[:, np.lexsort((raw[SEQ], raw[START]))], now)
 
 
-def _shifted(c: Columns, offsets: np.ndarray, sign: int) -> Columns:
-    """A copy with start, end and scheduled time moved by `sign` * its origin's offset."""
-    out = c.copy()
+def _shifted(c: Columns, offsets: np.ndarray, sign: int, *, copy: bool = True) -> Columns:
+    """Start, end and scheduled time moved by `sign` * their origin's offset (in a copy,
+    else in `c`)."""
+    out = c.copy() if copy else c
     d = offsets[c[ORIGIN]] * sign
     out[START] += d
     out[END] += d
@@ -321,6 +329,20 @@ def origin_offsets(
     origins: Sequence[tuple[Resource, str]], offset_ns: Callable[[Resource], int]
 ) -> np.ndarray:
     return np.array([offset_ns(res) for res, _role in origins] or [0], np.int64)
+
+
+def stacked(*sides: list[Columns]) -> Columns:
+    """The blocks of every side in one new table, in order, each let go as it is copied
+    (the lists are emptied): never the blocks and their copy whole at once."""
+    out = np.empty((len(FIELDS), sum(b.shape[1] for side in sides for b in side)), np.int64)
+    at = 0
+    for side in sides:
+        side.reverse()
+        while side:
+            b = side.pop()
+            out[:, at : at + b.shape[1]] = b
+            at += b.shape[1]
+    return out
 
 
 def concat(blocks: Iterable[Columns]) -> Columns:
