@@ -297,11 +297,11 @@ def _any(v: Any) -> dict[str, Any]:
 def test_shard_of_raw_ids(tid: str) -> None:
     """The worker's shard test on a raw lowercase id is `shard_of` of the decoded id."""
     raw = span(traceId=tid)
-    head = raw[: index_build._TID_END + 1]
-    plain = head.endswith(b'"') and not head[12:44].translate(None, index_build._LOWER_HEX)
-    assert plain == (tid == tid.lower())
-    if plain:
-        assert zlib.crc32(head[12:44]) % SHARDS == shard_of(tid.lower())
+    plain = index_build._PLAIN_TID.match(raw)
+    assert (plain is not None) == (tid == tid.lower())
+    if plain is not None:
+        assert zlib.crc32(plain.group(1)) % SHARDS == shard_of(tid.lower())
+    assert index_build._PLAIN_TID.match(span(traceId=tid + "0")) is None  # 33 characters
     assert index_build._trace_id(raw) == tid.lower()
 
 

@@ -35,6 +35,7 @@ import marshal
 import mmap
 import multiprocessing
 import pickle
+import re
 import tempfile
 import time
 import traceback
@@ -80,8 +81,8 @@ WORKER_PEAK_KB: list[int] = []  # the last build's workers' peak RSS (benchmarks
 WORKER_CPU: list[tuple[float, float, float]] = []
 _SPAN_ERRORS = (Malformed, AttributeError, KeyError, TypeError, ValueError)
 _TID_PREFIX = b'{"traceId":"'
-_TID_END = len(_TID_PREFIX) + 32
-_LOWER_HEX = b"0123456789abcdef"
+# a span that starts with a plain lowercase hex trace id (its shard is read off it)
+_PLAIN_TID = re.compile(rb'\{"traceId":"([0-9a-f]{32})"')
 
 if msgspec is not None:
     _NULL = msgspec.Raw(b"null")  # Raw cannot be in a union: an absent field reads as null
@@ -274,7 +275,7 @@ class _Worker:
             self.stats.documents += 1
         decode = self.decoder.span
         fields = otlp_fast.fields
-        n, shard, crc32 = self.n, self.shard, zlib.crc32
+        n, shard, crc32, plain_tid = self.n, self.shard, zlib.crc32, _PLAIN_TID.match
         for rs in doc.resourceSpans:
             try:
                 res, rix = self._resource(rs.resource)
@@ -285,15 +286,9 @@ class _Worker:
             for si, ss in enumerate(rs.scopeSpans):
                 for ri, one in enumerate(ss.spans):
                     # `shard_of` of a plain lowercase hex id, without decoding the span
-                    head = bytes(memoryview(one)[: _TID_END + 1])
-                    tid_raw = head[len(_TID_PREFIX) : _TID_END]
-                    if (
-                        head.startswith(_TID_PREFIX)
-                        and head.endswith(b'"')
-                        and len(head) == _TID_END + 1
-                        and not tid_raw.translate(None, _LOWER_HEX)
-                    ):
-                        if crc32(tid_raw) % SHARDS % n != shard:
+                    head = plain_tid(one)
+                    if head is not None:
+                        if crc32(head.group(1)) % SHARDS % n != shard:
                             continue
                     elif not self.mine(_trace_id(bytes(one))):
                         continue
