@@ -14,7 +14,8 @@ The run is built half from real traces replayed and half from synthetic ones:
   previous copy (span times, events and the engine steps' start times).
 
 Each measured command runs as its own process (`tracedpush report ... --format table`),
-so its wall time and peak RSS (`wait4`) are its own: ``cold`` (no index: reads every
+so its wall and CPU time (`wait4`) and peak RSS (its processes' own peaks added, and
+the peak of their summed RSS, sampled) are its own: ``cold`` (no index: reads every
 span and builds the index), ``warm`` (index present, nothing new), ``warm+0.1%`` (0.1%
 more requests appended first), and with ``--baseline`` today's ``--no-index`` path. Then,
 in this process, one `AnalysisIndex` follows appends of 0.01%, 0.1% and 1% more requests
