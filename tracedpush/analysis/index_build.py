@@ -76,6 +76,7 @@ except ImportError:  # pragma: no cover - the sequential build needs no msgspec
 
 _CHUNK = 8 << 20
 _SIZE = (1 << 32) - 1  # a spilled record's size, in its place (see `_Worker.spans`)
+_DROP_EVERY = _CHUNK * 4  # bytes of spilled records read between two page drops
 WORKER_PEAK_KB: list[int] = []  # the last build's workers' peak RSS (benchmarks read it)
 # and their CPU seconds: (read, store spans and facts, analyse)
 WORKER_CPU: list[tuple[float, float, float]] = []
@@ -211,7 +212,7 @@ class _Worker:
         """(trace id, packed records, spans) of each of `tids`, decoded one at a time.
 
         The spill file is mapped (a record is a slice: no system call each); the pages
-        read are dropped from this process every `_CHUNK` * 4 bytes, so its resident
+        read are dropped from this process every `_DROP_EVERY` bytes, so its resident
         size does not grow to the file's."""
         resources = self.resources()
         self._spill.flush()
@@ -225,7 +226,7 @@ class _Worker:
                 packed = [mm[at >> 32 : (at >> 32) + (at & _SIZE)] for at in places]
                 yield tid, packed, spans_of(tid, packed, resources)
                 read += sum(map(len, packed))
-                if read > _CHUNK * 4:
+                if read > _DROP_EVERY:
                     mm.madvise(mmap.MADV_DONTNEED)
                     read = 0
 
