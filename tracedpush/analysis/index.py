@@ -557,6 +557,18 @@ class AnalysisIndex:
         state.offsets = (self.skew_policy, *slots.offsets(state.resources, self.skew_policy))
         return state.offsets[1], state.offsets[2]
 
+    def _applied(
+        self, offsets: dict[str, ClockOffset], label: dict[int, str]
+    ) -> tuple[dict[str, float], list[int]]:
+        """The offsets as applied: ms per clock domain (0 where skew is not corrected),
+        and ns per resource (`label`: each resource's domain)."""
+        assert self._state is not None
+        applied = {x: (o.offset_ms if self.correct_skew else 0.0) for x, o in offsets.items()}
+        off = [0] * len(self._state.resources)
+        for i, lab in label.items():
+            off[i] = round(applied.get(lab, 0.0) * 1e6)
+        return applied, off
+
     def _built(self, off: list[int]) -> None:
         """`index_build` has every result's row and TPOT breakdown (made with the offsets
         `_offsets` gave, `off` ns per resource): the slots get them, as `_trace_slots`
@@ -588,10 +600,7 @@ class AnalysisIndex:
         if changed or state.offsets is None or state.offsets[0] != self.skew_policy:
             state.offsets = (self.skew_policy, *slots.offsets(state.resources, self.skew_policy))
         offsets, label = state.offsets[1], state.offsets[2]
-        applied = {x: (o.offset_ms if self.correct_skew else 0.0) for x, o in offsets.items()}
-        off = [0] * len(state.resources)
-        for i, lab in label.items():
-            off[i] = round(applied.get(lab, 0.0) * 1e6)
+        applied, off = self._applied(offsets, label)
         self._off_ns = off
         # every kept result has these offsets (resources new since the last update are
         # only in traces that changed): only new spans count

@@ -216,8 +216,7 @@ class _Worker:
         size does not grow to the file's."""
         resources = self.resources()
         self._spill.flush()
-        if not self._spilled:
-            yield from ((tid, [], []) for tid in tids)
+        if not self._spilled:  # no span kept, so no trace (and no file to map)
             return
         with mmap.mmap(self._spill.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             read = 0
@@ -498,10 +497,7 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         idx._kept = kept
         order = list(kept.items())
         offsets, label = idx._offsets(order)
-        applied = {x: (o.offset_ms if idx.correct_skew else 0.0) for x, o in offsets.items()}
-        off = [0] * len(resources)
-        for i, lab in label.items():
-            off[i] = round(applied.get(lab, 0.0) * 1e6)
+        applied, off = idx._applied(offsets, label)
         blob = pickle.dumps(off)
         for c in pipes:
             c.send_bytes(blob)
