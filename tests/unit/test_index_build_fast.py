@@ -395,3 +395,30 @@ def test_results_stored_come_back_equal() -> None:
         assert back == r
         assert [type(x) for x in back.spans] == [type(x) for x in r.spans]
         assert type(back.failure) is type(r.failure)
+
+
+def test_a_parallel_build_that_fails_reads_everything_sequentially(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A worker that fails (here: as it starts reading) leaves the build to the
+    sequential read, which equals `analyze` and says why in the run's notes."""
+    from tracedpush.analysis import TraceStore, analyze
+    from tracedpush.analysis.index import AnalysisIndex
+
+    def broken(*_args: Any) -> None:
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(index_build._Worker, "read", broken)
+    run = synthetic.generate(20, seed=9, batch=4)
+    d = tmp_path / "traces"
+    run.write(d)
+    store = TraceStore.from_paths([d])
+    want = analyze(store, spans=False)
+    idx = AnalysisIndex([d], parallel=True)
+    got = idx.update()
+    idx.close()
+    assert list(got.requests) == list(want.requests)
+    assert any("parallel index build failed" in e and "no space" in e for e in got.stats.errors)
+    mine, theirs = got.stats.to_json(), store.stats.to_json()
+    del mine["errors"], theirs["errors"]
+    assert mine == theirs

@@ -412,6 +412,8 @@ class AnalysisIndex:
         state = self._state
         assert state is not None
         built = self.rebuilt and not state.files and self._build()
+        state = self._state  # a build that failed started the index again (`_reset`)
+        assert state is not None
         new = [] if built else self._read()  # a build read it all: this is one refresh
         self.last_new = 0
         by_trace: dict[str, list[Span]] = {}
