@@ -8,6 +8,8 @@ import base64
 import gzip
 import json
 import marshal
+import multiprocessing
+import os
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -398,15 +400,20 @@ def test_results_stored_come_back_equal() -> None:
         assert type(back.failure) is type(r.failure)
 
 
+@pytest.mark.parametrize("how", ["raises", "dies"])
 def test_a_parallel_build_that_fails_reads_everything_sequentially(
-    tmp_path: Path, monkeypatch
+    tmp_path: Path, monkeypatch, how: str
 ) -> None:
-    """A worker that fails (here: as it starts reading) leaves the build to the
-    sequential read, which equals `analyze` and says why in the run's notes."""
+    """A worker that fails as it starts reading (an error it reports, or a death
+    without a word: a kill, a SIGBUS off a file cut shorter under its memory map)
+    leaves the build to the sequential read, which equals `analyze` and says why in the
+    run's notes."""
     from tracedpush.analysis import TraceStore, analyze
     from tracedpush.analysis.index import AnalysisIndex
 
     def broken(*_args: Any) -> None:
+        if how == "dies":
+            os._exit(1)
         raise OSError("no space left on device")
 
     monkeypatch.setattr(index_build._Worker, "read", broken)
@@ -419,7 +426,9 @@ def test_a_parallel_build_that_fails_reads_everything_sequentially(
     got = idx.update()
     idx.close()
     assert list(got.requests) == list(want.requests)
-    assert any("parallel index build failed" in e and "no space" in e for e in got.stats.errors)
+    assert not multiprocessing.active_children()  # the other worker did not read on
+    why = "no space left" if how == "raises" else "worker died"
+    assert any("parallel index build failed" in e and why in e for e in got.stats.errors)
     mine, theirs = got.stats.to_json(), store.stats.to_json()
     del mine["errors"], theirs["errors"]
     assert mine == theirs

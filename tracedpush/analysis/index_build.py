@@ -544,8 +544,12 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
                 k.tpot = tpots[tid]
         state.tpot_key = tpot_key
         idx._built(off)
+    except BaseException:  # the others would read on for nothing (and orphan a ^C)
+        for p in procs:
+            p.terminate()
+        raise
     finally:
-        for c in pipes:  # a worker still waiting on the parent (it failed) gets EOF
+        for c in pipes:  # a worker still waiting on the parent gets EOF
             c.close()
         for p in procs:
             p.join(timeout=60)
@@ -564,7 +568,12 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
 
 
 def _recv(conn: Connection) -> Any:
-    out = pickle.loads(conn.recv_bytes())
+    try:
+        out = pickle.loads(conn.recv_bytes())
+    except EOFError:  # it ended without a word: killed (a signal, or SIGBUS off a map)
+        raise RuntimeError(
+            "an index build worker died (killed, or a file it read was cut shorter)"
+        ) from None
     if isinstance(out, tuple) and len(out) == 2 and out[0] == "error":
         raise RuntimeError(f"index build worker failed:\n{out[1]}")
     return out
