@@ -10,14 +10,15 @@ database will hold it (`index_store.pack`) and appends it to a spill file, keepi
 its place: a shard of a 200,000-request run is ~1 M spans, several GB as objects, 1.5
 GB packed. Then, one trace at a time, it reads the records back, writes them to its
 own span database, sends the parent each per-process trace's engine steps parsed into
-columns (`steps.StepParts`) as it goes, and then its traces' facts (first-seen position, causal
-pairs, ...). The parent estimates the clock offsets from all facts, as `AnalysisIndex`
-does, and sends them; each worker reads its requests again and analyses them with
-those offsets while the parent joins the run's engine steps from every worker's parts
-(in first-seen order, as one reader would) and places them on the proxy clock; then
-each worker splits its requests' TPOT over them (`index_steps.split_tpot`) and sends
-back the results' rows and breakdowns. Each side gives the heap's free pages back after
-its big phases (`_trim`): the build's memory is what the processes hold at once.
+columns (`steps.StepParts`) as it goes, and then its traces' facts (first-seen
+position, causal pairs, ...). The parent estimates the clock offsets from all facts, as
+`AnalysisIndex` does, and sends them; each worker reads its requests again and analyses
+them with those offsets while the parent joins the run's engine steps from every
+worker's parts (in first-seen order, as one reader would) and places them on the proxy
+clock; then each worker splits its requests' TPOT over them (`index_steps.split_tpot`)
+and sends back the results' rows and breakdowns. Each side gives the heap's free pages
+back after its big phases (`_trim`): the build's memory is what the processes hold at
+once.
 
 Everything counted per line (lines, documents, malformed lines) is counted by worker 0;
 spans by the worker of their shard. Lines that are not plain OTLP JSON (another shape, a
