@@ -52,6 +52,8 @@ TARGET_REQUESTS = 200_000  # what the targets are for (issue 12)
 PROCESS_SPANS = ("engine.steps", "engine.threads")
 REQUEST_ID = "tracedpush.request_id"
 CHUNK = 10_000
+# a cold build's worker phases (`index_build.WORKER_CPU`)
+_PHASES = ("read", "store", "analyse")
 STEP_START_NS = "tracedpush.step.start_ns"  # engine.steps: Unix ns of each step (int[])
 
 
@@ -176,6 +178,7 @@ def _synthetic(
         start_s = max(r.start_unix_ns for r in gen.requests) / 1e9 + 600.0
         done += n
         del gen
+        print(f"generated synthetic {done}/{requests} requests", flush=True)
     return start_s
 
 
@@ -189,6 +192,8 @@ for line in open("/proc/self/status"):
     if line.startswith("VmHWM:"):
         print("VmHWM", int(line.split()[1]), file=sys.stderr)
 print("workers", *index_build.WORKER_PEAK_KB, file=sys.stderr)
+for times in index_build.WORKER_CPU:
+    print("worker_cpu", *times, file=sys.stderr)
 sys.exit(rc)
 """
 
@@ -271,6 +276,10 @@ def _report(directory: Path, *extra: str) -> dict[str, Any]:
     hwm_kb = max([int(ln.split()[1]) for ln in err.splitlines() if ln.startswith("VmHWM")] or [0])
     lines = err.splitlines()
     workers = [int(x) for ln in lines if ln.startswith("workers") for x in ln.split()[1:]]
+    # each build worker's CPU seconds by phase (index_build.WORKER_CPU)
+    phases = [
+        [round(float(x), 2) for x in ln.split()[1:]] for ln in lines if ln.startswith("worker_cpu")
+    ]
     return {
         "wall_s": round(wall, 2),
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),  # this process and its workers
@@ -279,6 +288,9 @@ def _report(directory: Path, *extra: str) -> dict[str, Any]:
         "peak_rss_gb_parts": [round(x / 1024**2, 3) for x in [hwm_kb, *workers]],
         # what they held at once: the peak of their summed RSS, sampled
         "peak_rss_together_gb": round(together.peak_kb / 1024**2, 3),
+        **(
+            {"worker_cpu_s": [dict(zip(_PHASES, p, strict=True)) for p in phases]} if phases else {}
+        ),
     }
 
 
@@ -333,6 +345,17 @@ def _end_s(directory: Path) -> float:
             for m in re.finditer(rb'"endTimeUnixNano":"?(\d+)', fh.read()):
                 end = max(end, int(m.group(1)))
     return end / 1e9
+
+
+def _calibration_s() -> float:
+    """CPU seconds of a fixed pure-Python loop: how fast this machine runs Python now.
+    Machines of one kind differ by 1.5x or more (and one drifts within minutes), so the
+    figures of two runs compare only beside this one."""
+    t0 = time.process_time()
+    total = 0
+    for i in range(20_000_000):
+        total += i
+    return round(time.process_time() - t0, 2)
 
 
 def _spans_bytes(directory: Path) -> tuple[int, int]:
@@ -478,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             real = Replayer(args.real, d)
             n_real = real.write(int(args.requests * args.real_share))
+            print(f"replayed {n_real} real requests", flush=True)
             _synthetic(d, args.requests - n_real, args.seed, 1_700_000_000.0, args.synthetic_chunks)
         build_s = time.perf_counter() - t0
         spans, size = _spans_bytes(d)
@@ -487,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
             f"({build_s:.0f} s)",
             flush=True,
         )
+        calibration = [_calibration_s()]
+        print(f"calibration: a fixed Python loop took {calibration[0]} s of CPU", flush=True)
         stages: dict[str, dict[str, Any]] = {}
         if args.baseline:
             stages["no_index"] = _report(d, "--no-index")
@@ -506,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         live_steps = _live_steps(d, _end_s(d) + 600.0)
         for row in live_steps:
             print("live with engine steps", row, flush=True)
+        calibration.append(_calibration_s())
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -532,6 +559,8 @@ def main(argv: list[str] | None = None) -> int:
             "cpus": os.cpu_count(),
             "loadavg_1m": round(os.getloadavg()[0], 2),
             "platform": platform.platform(),
+            # `_calibration_s` before and after the stages
+            "calibration_cpu_s": calibration,
         },
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -543,6 +572,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     print("peak RSS: the sum of each process's own peak (an upper bound; the target's);")
     print("at once: the peak of their summed RSS, sampled every 50 ms")
+    print(f"calibration (CPU s of a fixed Python loop, before and after): {calibration}")
     for k, ok in met.items():
         verdict = "met" if ok else "MISSED"
         if args.requests < TARGET_REQUESTS:  # the issue's targets are for 200,000 requests
