@@ -130,6 +130,27 @@ def test_opening_a_kept_index_pauses_the_collector(
     idx.close()
 
 
+def test_a_cold_build_killed_midway_is_built_again(
+    tmp_path: Path, skewed: synthetic.SyntheticRun
+) -> None:
+    """A build's workers write their span databases without a journal: a kill leaves
+    no index state and may leave a torn file. The next open deletes the files (it once
+    deleted rows, which fails on a torn file) and builds again."""
+    d = tmp_path / "traces"
+    skewed.write(d)
+    idx = AnalysisIndex([d])
+    idx.update()
+    idx.close()
+    where = d / INDEX_DIRNAME
+    (where / "index.sqlite").unlink()  # killed before its state was written
+    for f in where.glob("spans-*.sqlite"):
+        f.write_bytes(b"\0torn page" * 500)
+    again = AnalysisIndex([d])
+    assert again.stats.spans == 0 and again.rebuilt
+    same(again.update(), reference([d]))
+    again.close()
+
+
 @pytest.mark.parametrize("damage", ["torn", "gone", "other run's"])
 def test_kept_steps_files_that_went_wrong_are_made_again(
     tmp_path: Path, skewed: synthetic.SyntheticRun, damage: str

@@ -367,7 +367,7 @@ def _run_worker(
                     conn.send_bytes(pickle.dumps(("parts", tid, StepParts().extend(spans))))
                 yield tid, pack_packed(packed)
 
-        db = open_span_db(idx.dir, shard)
+        db = open_span_db(idx.dir, shard, bulk=True)
         with db:
             db.executemany("INSERT OR REPLACE INTO spans (tid, v) VALUES (?, ?)", stored())
         db.close()
@@ -401,7 +401,7 @@ def _run_worker(
                 rows[tid] = row_of(r)
                 yield tid, dump_result(r)
 
-        db = open_span_db(idx.dir, shard)
+        db = open_span_db(idx.dir, shard, bulk=True)
         with db:
             db.executemany("INSERT OR REPLACE INTO results (tid, v) VALUES (?, ?)", results())
         db.close()
