@@ -149,6 +149,13 @@ def test_a_cold_build_killed_midway_is_built_again(
     assert again.stats.spans == 0 and again.rebuilt
     same(again.update(), reference([d]))
     again.close()
+    # a torn index database itself (or a kept segment) is built again too, and said
+    (where / "index.sqlite").write_bytes(b"\0torn page" * 500)
+    torn = AnalysisIndex([d])
+    errors = torn.stats.errors
+    assert torn.rebuilt and any("unreadable" in e for e in errors)
+    same(torn.update(), reference([d]))
+    torn.close()
 
 
 @pytest.mark.parametrize("damage", ["torn", "gone", "other run's"])

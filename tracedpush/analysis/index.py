@@ -242,7 +242,13 @@ class AnalysisIndex:
         if self._state is not None:
             return
         with paused_gc():
-            self._load_state()
+            try:
+                self._load_state()
+            except (sqlite3.DatabaseError, ValueError, EOFError, TypeError) as exc:
+                # a torn or foreign file (disk full, a copy cut short): built again
+                self._reset()
+                assert self._state is not None
+                self._state.stats.note(f"analysis index unreadable, built again: {exc}")
 
     def _load_state(self) -> None:
         db = self._connect()
