@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -408,13 +409,16 @@ def test_extended_steps_equal_steps_joined_at_once(
     keeps them): the same columns, samples and engines as one join of every span; or
     None wherever that join is record by record.
     The synthetic runs last seconds: with the join's slack (10 s) every refresh joins
-    them all again; a 20 ms slack leaves most steps as they were."""
+    them all again; a 20 ms slack leaves most steps as they were.
+    What TPOT breakdowns keep of the steps (`TpotSteps`), made from the last ones at
+    each refresh, equals them made afresh, and so do the windows where they changed."""
     import dataclasses
     import itertools
     import pickle
     import random
 
     from tracedpush.analysis import steps as steps_mod
+    from tracedpush.analysis.index_steps import TpotSteps, changed_windows
     from tracedpush.analysis.steps import StepParts
 
     run = gen if two_modes else one_mode
@@ -445,6 +449,7 @@ def test_extended_steps_equal_steps_joined_at_once(
     }
     if slack_ms is not None:
         monkeypatch.setattr(steps_mod, "_JOIN_SLACK_NS", slack_ms * 10**6)
+    kept_steps = 0  # steps a TpotSteps took from the last one unchanged
     for first, applied in ((skewed, skewed), ({}, {}), ({}, skewed), (skewed, {})):
         want = StepParts().extend(spans).placed([], applied)
         if slack_ms is None:
@@ -455,12 +460,21 @@ def test_extended_steps_equal_steps_joined_at_once(
         for cuts in every if first is applied else every[:2]:
             bounds = [0, *cuts, n]
             got = StepParts().extend(spans[: bounds[1]]).placed([], first)
+            tp = TpotSteps(got)
             for i, (a, b) in enumerate(itertools.pairwise(bounds[1:])):
                 if i == 1:  # as an index keeps them between processes
-                    got = pickle.loads(pickle.dumps(got))
+                    got, tp = pickle.loads(pickle.dumps((got, tp)))
+                was = got
                 got = got.extended(StepParts().extend(spans[a:b]), [], applied)
                 if got is None:
                     break
+                fresh = TpotSteps(got)  # first: it fills the steps' solo cache
+                grown = TpotSteps(got, tp)
+                _same_tpot_steps(grown, fresh)
+                assert changed_windows(tp, grown) == changed_windows(tp, fresh)
+                kept_steps += sum(grown.same.values())
+                assert grown.base == was.token
+                tp = grown
             if not arrays:
                 assert got is None, cuts
                 continue
@@ -472,6 +486,21 @@ def test_extended_steps_equal_steps_joined_at_once(
             assert got.samples == want.samples
             assert got.engines == want.engines and got.spans == want.spans
             assert [(r, role) for r, role in got.origins] == list(dict.fromkeys(want.origins))
+            _same_tpot_steps(tp, TpotSteps(want))
+    if slack_ms is not None and arrays:
+        assert kept_steps  # the refreshes did take unchanged steps from the last ones
+
+
+def _same_tpot_steps(a: Any, b: Any) -> None:
+    """Two `TpotSteps` hold the same engines, solo costs and step arrays."""
+    assert a.decode == b.decode and a.solo == b.solo and a.arrays.keys() == b.arrays.keys()
+    for eid, x in a.arrays.items():
+        y = b.arrays[eid]
+        assert (x is None) == (y is None), eid
+        for name in ("start", "end", "worker", "conn_us", "max_end"):
+            if x is not None:
+                u, v = getattr(x, name), getattr(y, name)
+                assert u.dtype == v.dtype and np.array_equal(u, v), (eid, name)
 
 
 def _records(side: str, *rows: tuple[int, int]) -> np.ndarray:
@@ -569,3 +598,18 @@ def test_thread_samples_survive_pickling(run) -> None:
     parts = StepParts()
     parts.samples = list(store.samples)
     assert pickle.loads(pickle.dumps(parts)).samples == store.samples
+
+
+def test_step_arrays_made_from_the_last_ones_keep_the_running_end() -> None:
+    """A long step ends after the later ones: the running maximum of ends (by which a
+    decode window finds its first step) goes on from the unchanged steps', not from
+    the new ones alone."""
+    from tracedpush.analysis import steps_columns as cols
+    from tracedpush.analysis.index_steps import StepArrays
+
+    c = _records("worker", (1, 0), (2, 10), (3, 20), (4, 30), (5, 40))
+    c[cols.END, 0] = 10**9  # the first step outlasts the others
+    grown, fresh = StepArrays(c, StepArrays(c[:, :3]), 3), StepArrays(c)
+    for name in ("worker", "conn_us", "max_end"):
+        assert np.array_equal(getattr(grown, name), getattr(fresh, name)), name
+    assert grown.max_end.tolist() == [10**9] * 5

@@ -799,7 +799,8 @@ class AnalysisIndex:
         (the cold build calls this with `write`: it has the time while its workers
         analyse)."""
         self._steps = (key, placed)
-        self._tpot = (key, TpotSteps(placed))
+        # made from the last ones where `placed` extends their steps (`TpotSteps`)
+        self._tpot = (key, TpotSteps(placed, None if self._tpot is None else self._tpot[1]))
         from tracedpush.analysis.contention import contention
 
         derived: dict[str, Any] = {}

@@ -10,10 +10,16 @@ refresh the whole run. Here:
   where the offsets moved, the kept steps are placed again first. `StepCache` keeps
   each process trace's parsed parts for when everything must be joined again (no steps
   kept, a process trace replaced, an engine joined record by record);
-* `TpotSteps.changed` compares D's step arrays before and after: where they differ (new
+* `changed_windows` compares D's step arrays before and after: where they differ (new
   steps, a scheduler record joined to a worker one), in time, and whether an engine's
   solo forward cost moved. Only requests whose decode window meets a changed stretch
-  need their breakdown again; a moved solo cost changes every breakdown on its engine.
+  need their breakdown again; a moved solo cost changes every breakdown on its engine;
+* `TpotSteps` made from the last ones (steps extended, offsets unchanged) computes only
+  the steps after each engine's unchanged head: its arrays are the old head plus the
+  new tail, its solo forward cost the median of a sorted array kept up to date, and
+  `changed_windows` does not compare the head again. At 200,000 requests (4.7 M steps)
+  that was 0.4 s of every refresh, now 0.03 s; what stays proportional to the run is a
+  copy of the steps' columns (`steps_columns.extend_prefix`) and the run's columns.
 """
 
 from __future__ import annotations
@@ -98,31 +104,92 @@ class StepDelta:
 
 
 class StepArrays:
-    """One engine's steps as arrays, in `EngineSteps.steps` order (sorted by start)."""
+    """One engine's steps as arrays, in `EngineSteps.steps` order (sorted by start).
+    `was`: the arrays of steps whose first `same` are these ones' first, unchanged (an
+    extension, `EngineSteps.extended`): only the rest is computed, so a Live refresh
+    costs what is new plus a copy, not a pass over every step of the run."""
 
-    def __init__(self, c: cols.Columns) -> None:
+    def __init__(self, c: cols.Columns, was: StepArrays | None = None, same: int = 0) -> None:
         self.start = c[cols.START]  # views: the steps' columns are never changed
         self.end = c[cols.END]
-        self.worker = cols.has_worker(c)
-        conn = c[cols.CONNECTOR]
-        self.conn_us = np.where(conn == cols.NONE, 0, conn).astype(float)
-        self.max_end = np.maximum.accumulate(self.end) if len(self.end) else self.end
-        if not np.all(self.start[1:] >= self.start[:-1]):  # pragma: no cover
+        k = same if was is not None else 0
+        tail = c[:, k:]
+        conn = tail[cols.CONNECTOR]
+        conn_us = np.where(conn == cols.NONE, 0, conn).astype(float)
+        max_end = np.maximum.accumulate(tail[cols.END]) if tail.shape[1] else tail[cols.END]
+        if was is None or not k:
+            self.worker, self.conn_us, self.max_end = cols.has_worker(tail), conn_us, max_end
+        else:  # the running maximum goes on from the unchanged steps'
+            self.worker = np.concatenate([was.worker[:k], cols.has_worker(tail)])
+            self.conn_us = np.concatenate([was.conn_us[:k], conn_us])
+            self.max_end = np.concatenate(
+                [was.max_end[:k], np.maximum(max_end, was.max_end[k - 1])]
+            )
+        s = self.start[max(k - 1, 0) :]
+        if not np.all(s[1:] >= s[:-1]):  # pragma: no cover
             raise ValueError("engine steps not sorted by start")  # `EngineSteps` sorts them
+
+
+class _Solo:
+    """One engine's `steps_columns.solo_candidates` per step and each kind sorted: its
+    solo forward cost is then a median of a sorted array, kept up to date in place of
+    a partition of every step (`resorted`)."""
+
+    def __init__(self, c: cols.Columns, was: _Solo | None = None, same: int = 0) -> None:
+        solo, busy = cols.solo_candidates(c[:, same:] if was is not None else c)
+        if was is None:
+            self.solo, self.busy = solo, busy
+            self.solo_bag = np.sort(solo[~np.isnan(solo)])
+            self.busy_bag = np.sort(busy[~np.isnan(busy)])
+        else:
+            self.solo_bag = cols.resorted(was.solo_bag, was.solo[same:], solo)
+            self.busy_bag = cols.resorted(was.busy_bag, was.busy[same:], busy)
+            self.solo = np.concatenate([was.solo[:same], solo])
+            self.busy = np.concatenate([was.busy[:same], busy])
+
+    def forward_us(self) -> float | None:
+        """`steps_columns.solo_forward_us`, exactly."""
+        if len(self.solo_bag):
+            return float(cols.sorted_median(self.solo_bag))
+        return float(self.busy_bag[0]) if len(self.busy_bag) else None
 
 
 class TpotSteps:
     """What TPOT breakdowns need of a run's engine steps: D's steps as arrays, each
     engine's solo forward cost, the decode engines. Kept beside the steps, so the TPOT
-    of a few new requests does not read every step back."""
+    of a few new requests does not read every step back.
 
-    def __init__(self, store: EngineSteps) -> None:
+    `was`: the TpotSteps of the steps `store` extended (`EngineSteps.grown_from`), if at
+    hand: then each engine's unchanged first steps are not computed again, and
+    `changed_windows` compares only what follows them."""
+
+    def __init__(self, store: EngineSteps, was: TpotSteps | None = None) -> None:
+        self.token = store.token
+        grown = store.grown_from
+        if was is None or grown is None or grown[0] != was.token:
+            was, grown = None, None
+        # per engine, how many first steps are `was`'s (its token: `base`)
+        self.base, self.same = (None, {}) if grown is None else (grown[0], grown[1])
         self.decode = [e for e, info in store.engines.items() if info.role == "decode"]
-        self.solo = {eid: store.solo_forward_us(eid) for eid in store.columns}
-        self.arrays = {
-            eid: StepArrays(c) if store.has_worker_steps(eid) else None
-            for eid, c in store.columns.items()
-        }
+        self.arrays: dict[str, StepArrays | None] = {}
+        self.solo: dict[str, float | None] = {}
+        self._solo: dict[str, _Solo] = {}  # made once a Live refresh extends the steps
+        for eid, c in store.columns.items():
+            k = self.same.get(eid, 0)
+            old_arr = None if was is None else was.arrays.get(eid)
+            old_solo = None if was is None else was._solo.get(eid)
+            if was is not None and old_solo is None:  # the first refresh: sorted once
+                old_solo = _Solo(c[:, :k])
+            if old_solo is None:
+                self.solo[eid] = store.solo_forward_us(eid)
+            else:
+                self._solo[eid] = got = _Solo(c, old_solo, k)
+                self.solo[eid] = store._solo[eid] = got.forward_us()  # its summary's too
+            arr = StepArrays(c, old_arr, k if old_arr is not None else 0)
+            self.arrays[eid] = arr if arr.worker.any() else None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_solo": {}}  # made again on the next extension
 
 
 def split_tpot(
@@ -222,6 +289,7 @@ def changed_windows(old: TpotSteps | None, new: TpotSteps) -> list[Window] | Non
     before it ends, so only requests whose window meets one of these can change."""
     if old is None or old.decode != new.decode or old.arrays.keys() != new.arrays.keys():
         return None
+    same = new.same if new.base == old.token else {}  # the first steps known unchanged
     out: list[Window] = []
     for eid, arr in new.arrays.items():
         was = old.arrays[eid]
@@ -229,16 +297,18 @@ def changed_windows(old: TpotSteps | None, new: TpotSteps) -> list[Window] | Non
             return None
         if arr is None or was is None:
             continue
-        got = _differing(was, arr)
+        got = _differing(was, arr, same.get(eid, 0))
         if got is not None:
             out.append(got)
     return out
 
 
-def _differing(a: StepArrays, b: StepArrays) -> Window | None:
+def _differing(a: StepArrays, b: StepArrays, known: int = 0) -> Window | None:
     """The time span of the steps that differ between `a` and `b` (each sorted by start):
-    after their common head and before their common tail. None when they are equal."""
+    after their common head and before their common tail. None when they are equal.
+    `known`: how many first steps are known to be equal (not compared again)."""
     n = min(len(a.start), len(b.start))
+    known = min(known, n)
 
     def same(x: slice, y: slice) -> np.ndarray:
         return (
@@ -248,8 +318,8 @@ def _differing(a: StepArrays, b: StepArrays) -> Window | None:
             & (a.conn_us[x] == b.conn_us[y])
         )
 
-    head = same(slice(0, n), slice(0, n))
-    p = int(np.argmin(head)) if not head.all() else n
+    head = same(slice(known, n), slice(known, n))
+    p = known + int(np.argmin(head)) if not head.all() else n
     if p == n and len(a.start) == len(b.start):
         return None
     m = n - p  # the tail may not reach into the head

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import marshal
 import operator
+import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -539,6 +540,11 @@ class EngineSteps:
         # per engine, the latest end among steps[0..i] (nondecreasing: bisectable)
         self._max_end: dict[str, np.ndarray] = {}
         self._solo: dict[str, float | None] = {}  # per engine (its summary and TPOT's)
+        # these columns, by identity (`TpotSteps` made of them knows it), and, when
+        # `extended` made them, the token of the steps it extended and, per engine, how
+        # many of its first steps are theirs, unchanged
+        self.token = secrets.randbits(63)
+        self.grown_from: tuple[int, dict[str, int]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_lists": {}, "_max_end": {}, "_solo": {},
@@ -574,6 +580,7 @@ class EngineSteps:
         self._lists = {}
         self._max_end = {}
         self._solo = {}
+        self.token, self.grown_from = secrets.randbits(63), None
 
     def extended(
         self, parts: StepParts, resources: Sequence[Resource], applied_ms: dict[str, float]
@@ -604,16 +611,19 @@ class EngineSteps:
         was = np.zeros_like(off)  # the offsets these steps were placed with
         was[: len(self.offsets)] = self.offsets
         old = self.columns
-        if not np.array_equal(was, off):
+        moved = not np.array_equal(was, off)
+        if moved:
             old = {eid: cols.moved(c, was, off) for eid, c in old.items()}
+        same: dict[str, int] = {}
         for eid in sorted(old.keys() | parts.sched.keys() | parts.work.keys()):
             new = [cols.concat(side.pop(eid, ())) for side in (parts.sched, parts.work)]
             for c in new:
                 c[cols.ORIGIN] = remap[c[cols.ORIGIN]]
-            got = cols.extend(old.get(eid, cols.empty()), *new, off, _JOIN_SLACK_NS)
+            got = cols.extend_prefix(old.get(eid, cols.empty()), *new, off, _JOIN_SLACK_NS)
             if got is None:
                 return None
-            out.columns[eid] = got
+            out.columns[eid], same[eid] = got[0], 0 if moved else got[1]
+        out.grown_from = (self.token, same)
         out.offsets = off
         out.samples = sorted(self.samples + parts.samples, key=lambda x: x.time_ns)
         out.engines = {**self.engines}

@@ -195,6 +195,14 @@ def unjoin(c: Columns) -> tuple[Columns, Columns]:
 def extend(
     placed: Columns, sched: Columns, work: Columns, offsets: np.ndarray, slack_ns: int
 ) -> Columns | None:
+    """`extend_prefix` without the prefix."""
+    got = extend_prefix(placed, sched, work, offsets, slack_ns)
+    return None if got is None else got[0]
+
+
+def extend_prefix(
+    placed: Columns, sched: Columns, work: Columns, offsets: np.ndarray, slack_ns: int
+) -> tuple[Columns, int] | None:
     """`place(join(every scheduler record, every worker record), offsets)` of an engine
     whose earlier records made `placed` (by `join`, with these offsets) and which has
     `sched` and `work` since, joining again only the records near the new ones. None
@@ -209,9 +217,10 @@ def extend(
     worker's origin by `unjoin` pairs with that worker again, before t - slack, so it
     is never placed. With different offsets per origin, the old steps just before
     t - slack and the new ones may interleave: that stretch is sorted again, old steps
-    first among ties, as in the joined order."""
+    first among ties, as in the joined order. With the steps, how many of the first
+    ones are `placed`'s, unchanged (what follows them is new or joined again)."""
     if not (sched.shape[1] or work.shape[1]):
-        return placed
+        return placed, placed.shape[1]
     t = int(min(sched[START].min(initial=_MAX), work[START].min(initial=_MAX)))
     lo, cut = t - 2 * slack_ns, t - slack_ns
     # every step before k started (raw clock) more than a slack before lo
@@ -229,7 +238,7 @@ def extend(
     fresh = joined[:, int(np.searchsorted(joined[START], cut, side="left")) :]
     region = np.concatenate([tail[:, raw[START] < cut], _shifted(fresh, offsets, -1)], axis=1)
     region = region[:, np.lexsort((region[SEQ], region[START]))]
-    return np.concatenate([placed[:, :k], region], axis=1)
+    return np.concatenate([placed[:, :k], region], axis=1), k
 
 
 def has_worker(c: Columns) -> np.ndarray:
@@ -260,14 +269,44 @@ def median(values: np.ndarray) -> float | int:
 def solo_forward_us(c: Columns) -> float | None:
     """`steps._solo` on columns: the median forward of one-decode-request steps, else
     the smallest forward of steps that computed anything."""
+    solo, busy = solo_candidates(c)
+    if not np.isnan(solo).all():
+        return float(median(solo[~np.isnan(solo)]))
+    ok = ~np.isnan(busy)
+    return float(busy[ok].min()) if ok.any() else None
+
+
+def solo_candidates(c: Columns) -> tuple[np.ndarray, np.ndarray]:
+    """Per step, its forward (as float) where it counts towards `solo_forward_us`, else
+    NaN: as a one-decode-request step (the median's), and as a step that computed
+    anything (the fallback minimum's)."""
     work = has_worker(c)
     fwd = forward_us(c)
     nr = c[NUM_REQS]
     solo = work & (c[DECODE_REQS] == 1) & (_zero(c[PREFILL]) == 0) & ((nr == NONE) | (nr == 1))
-    if solo.any():
-        return float(median(fwd[solo].astype(float)))
     busy = work & (((nr != NONE) & (nr > 0)) | ((nr == NONE) & (fwd > 0)))
-    return float(fwd[busy].min()) if busy.any() else None
+    as_float = fwd.astype(float)
+    return np.where(solo, as_float, np.nan), np.where(busy, as_float, np.nan)
+
+
+def sorted_median(values: np.ndarray) -> float:
+    """`median` of values already sorted."""
+    n = len(values)
+    mid = n // 2
+    if n % 2:
+        return values[mid].item()
+    return (values[mid - 1].item() + values[mid].item()) / 2
+
+
+def resorted(bag: np.ndarray, gone: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """A sorted multiset `bag` without the values `gone` (each once per occurrence; all
+    in it) and with the values `new` (NaN: none), still sorted: a memmove, not a sort."""
+    gone = np.sort(gone[~np.isnan(gone)])
+    if len(gone):
+        rank = np.arange(len(gone)) - np.searchsorted(gone, gone, "left")  # among equals
+        bag = np.delete(bag, np.searchsorted(bag, gone, "left") + rank)
+    new = np.sort(new[~np.isnan(new)])
+    return np.insert(bag, np.searchsorted(bag, new, "left"), new) if len(new) else bag
 
 
 def summary(c: Columns, role: str, host: str, solo: float | None) -> dict[str, Any]:
