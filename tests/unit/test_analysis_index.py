@@ -359,10 +359,13 @@ def test_parallel_cold_build_equals_analyze(
     mine, theirs = got.stats.to_json(), store.stats.to_json()
     del mine["errors"], theirs["errors"]
     assert mine == theirs
+    # what it saved is what it holds, in its order (kept tuples, span durations)
+    cold = [(t, k.dump(), idx._durations_packed(t)) for t, k in idx._kept.items()]
     idx.close()
     warm = AnalysisIndex([d])
     same(warm.update(), want)
     assert warm.last_new == 0
+    assert [(t, k.dump(), warm._durations_packed(t)) for t, k in warm._kept.items()] == cold
     warm.close()
 
 
