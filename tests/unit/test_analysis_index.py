@@ -83,6 +83,9 @@ def test_cold_and_warm_equal_analyze(tmp_path: Path, skewed: synthetic.Synthetic
     cold = idx.update()
     assert idx.rebuilt and (d / INDEX_DIRNAME).is_dir()
     same(cold, want)
+    # its first save went through a rollback journal (`index._journal`); now back in
+    # WAL mode, where a reader (the console) does not wait for a writer
+    assert idx._connect().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     idx.close()
     warm_idx = AnalysisIndex([d])
     warm = warm_idx.update()
