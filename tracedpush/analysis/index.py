@@ -64,6 +64,7 @@ from tracedpush.analysis.index_store import (
     load_result,
     open_span_db,
     pack,
+    remove_db,
     remove_span_db,
     shard_of,
     unpack,
@@ -279,9 +280,9 @@ class AnalysisIndex:
         traces took 4-7 s; and a cold build interrupted leaves span databases written
         without a journal, `index_store.open_span_db`)."""
         self._close_dbs()
-        for name in (_DB, *_FILES.values()):
-            for suffix in ("", "-wal", "-shm", "-journal"):
-                (self.dir / f"{name}{suffix}").unlink(missing_ok=True)
+        remove_db(self.dir / _DB)
+        for name in _FILES.values():
+            (self.dir / name).unlink(missing_ok=True)
         for shard in range(SHARDS):
             remove_span_db(self.dir, shard)
         self._state = _State(self._path_key())

@@ -185,7 +185,7 @@ class TpotSteps:
             else:
                 self._solo[eid] = got = _Solo(c, old_solo, k)
                 self.solo[eid] = store._solo[eid] = got.forward_us()  # its summary's too
-            arr = StepArrays(c, old_arr, k if old_arr is not None else 0)
+            arr = StepArrays(c, old_arr, k)
             self.arrays[eid] = arr if arr.worker.any() else None
 
     def __getstate__(self) -> dict:

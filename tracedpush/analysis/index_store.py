@@ -89,10 +89,14 @@ def open_span_db(
     return db
 
 
-def remove_span_db(directory: Path, shard: int) -> None:
-    """Delete one shard's span database with its WAL and shared-memory files."""
+def remove_db(path: Path) -> None:
+    """Delete one SQLite database with its WAL, shared-memory and journal files."""
     for suffix in ("", "-wal", "-shm", "-journal"):
-        (directory / f"spans-{shard}.sqlite{suffix}").unlink(missing_ok=True)
+        path.with_name(path.name + suffix).unlink(missing_ok=True)
+
+
+def remove_span_db(directory: Path, shard: int) -> None:
+    remove_db(directory / f"spans-{shard}.sqlite")
 
 
 def _fields(cls: type) -> list[str]:

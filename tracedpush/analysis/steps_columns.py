@@ -270,8 +270,9 @@ def solo_forward_us(c: Columns) -> float | None:
     """`steps._solo` on columns: the median forward of one-decode-request steps, else
     the smallest forward of steps that computed anything."""
     solo, busy = solo_candidates(c)
-    if not np.isnan(solo).all():
-        return float(median(solo[~np.isnan(solo)]))
+    ok = ~np.isnan(solo)
+    if ok.any():
+        return float(median(solo[ok]))
     ok = ~np.isnan(busy)
     return float(busy[ok].min()) if ok.any() else None
 
