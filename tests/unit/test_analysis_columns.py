@@ -14,6 +14,7 @@ from test_analysis_index import same, same_columns
 from test_analysis_sampling import with_sampler
 
 from tracedpush.analysis import TraceStore, analyze, compare, index_steps
+from tracedpush.analysis import steps_columns as cols
 from tracedpush.analysis.columns import RunColumns, SlotColumns, row_of
 from tracedpush.analysis.compare import ALL, percentile
 from tracedpush.analysis.index import AnalysisIndex
@@ -153,8 +154,9 @@ def test_a_sampled_run_through_the_index(tmp_path: Path) -> None:
 def test_breakdown_over_arrays_equals_the_step_walk(
     tmp_path: Path, gen: synthetic.SyntheticRun
 ) -> None:
-    """`index_steps.breakdown` against `tpot.breakdown` on random windows of D's steps, some
-    starting or ending inside steps, some empty or outside every step."""
+    """`index_steps.breakdowns` against `tpot.breakdown` on random windows of D's steps,
+    some starting or ending inside steps, some empty or outside every step: all of an
+    engine's windows at once, in blocks of every size down to one window."""
     from tracedpush.analysis.tpot import breakdown
 
     gen.write(tmp_path)
@@ -163,22 +165,34 @@ def test_breakdown_over_arrays_equals_the_step_walk(
     rng = random.Random(4)
     checked = 0
     for eid, steps in store.steps.items():
-        arr = index_steps.StepArrays(store.columns[eid])
-        if not arr.worker.any():
+        c = store.columns[eid]
+        if not cols.has_worker(c).any():
             continue
-        solo = store.solo_forward_us(eid)
         lo, hi = steps[0].start_ns - 10**7, steps[-1].end_ns + 10**7
+        # a step in ten a scheduler record only (no worker record): not counted; and a
+        # step in ten ending after the next ones start (the cursor's case)
+        c[cols.DURATION, rng.sample(range(c.shape[1]), c.shape[1] // 10)] = cols.NONE
+        c[cols.END, rng.sample(range(c.shape[1]), c.shape[1] // 10)] += 3 * 10**7
+        store._lists.clear()
+        store._solo.clear()
+        store._max_end.clear()
+        arr = index_steps.StepArrays(c)
+        solo = store.solo_forward_us(eid)
+        windows = []
         for _ in range(300):
             t0 = rng.randrange(lo, hi)
             t1 = t0 + rng.choice([0, 1, 10**5, 10**6, 10**7, 10**8, 10**9])
-            tp, tokens = rng.uniform(0.01, 20.0), rng.randrange(1, 200)
-            for s_us in (solo, None):
-                want = breakdown(store, eid, t0, t1, tp, tokens, solo_us=s_us)
-                if s_us is None and solo is not None:
-                    continue  # breakdown looks the solo cost up itself when given None
-                assert index_steps.breakdown(arr, t0, t1, tp, tokens, s_us) == want
-                checked += 1
-    assert checked > 300
+            windows.append((t0, t1, rng.uniform(0.01, 20.0), rng.randrange(1, 200)))
+        t0s, t1s, tps, tokens = (list(x) for x in zip(*windows, strict=True))
+        assert len({t1 - t0 for t0, t1, *_ in windows}) > 5
+        # the engine's solo cost (None: the store has none) and one that cuts more steps
+        for s_us in [solo] if solo is None else [solo, solo / 2]:
+            want = [breakdown(store, eid, *w, solo_us=s_us) for w in windows]
+            for block in (index_steps.BLOCK, 4096, 64, 1):
+                got = index_steps.breakdowns(arr, t0s, t1s, tps, tokens, s_us, block)
+                assert got == want, block
+            checked += len(windows)
+    assert checked >= 300
 
 
 def test_report_of_some_traces_through_the_index(

@@ -219,52 +219,111 @@ def split_tpot(
 def attach_tpot(
     requests: Sequence[TpotRequest], facts: dict[str, tuple[int, str | None]], steps: TpotSteps
 ) -> None:
-    """`tpot.attach_facts`, each window split over D's steps as arrays (`breakdown`):
-    the same breakdowns, without walking a long decode's steps one by one in Python
-    (0.7 ms per synthetic request: 7 s of CPU at 20,000 requests)."""
+    """`tpot.attach_facts`, each engine's windows split over its steps as arrays, all at
+    once (`breakdowns`): the same breakdowns, without a Python pass over each request's
+    steps (a split of every request, as when an engine's solo cost moves, took 11 s of
+    a 23 s Live refresh at 200,000 requests)."""
     arrays = steps.arrays
     if not arrays:
         return
+    per_engine: dict[str, tuple[list[TpotRequest], list[int], list[int]]] = {}
     for r, eid, t0, t1 in tpot.windows(requests, facts, arrays, steps.decode):
-        arr = arrays[eid]
-        if arr is None:  # no worker records: no breakdown
+        if arrays[eid] is None:  # no worker records: no breakdown
             continue
-        tokens = r.output_tokens - 1
-        r.tpot_breakdown_ms = breakdown(arr, t0, t1, r.tpot_ms, tokens, steps.solo[eid])
+        rs, lo, hi = per_engine.setdefault(eid, ([], [], []))
+        rs.append(r)
+        lo.append(t0)
+        hi.append(t1)
+    for eid, (rs, lo, hi) in per_engine.items():
+        arr = arrays[eid]
+        assert arr is not None
+        tpot_ms = [r.tpot_ms for r in rs]
+        tokens = [r.output_tokens - 1 for r in rs]
+        got = breakdowns(arr, lo, hi, tpot_ms, tokens, steps.solo[eid])
+        for r, bd in zip(rs, got, strict=True):
+            r.tpot_breakdown_ms = bd
 
 
-def breakdown(
-    arr: StepArrays, t0: int, t1: int, tpot_ms: float, tokens: int, solo_us: float | None
-) -> dict[str, float]:
-    """`tpot.breakdown` over arrays, to the last bit: its loop keeps a cursor (the end of
-    the last step counted), which is the running maximum of the clipped ends of the
-    earlier steps that end after they start; its sums are sequential (`accumulate`)."""
-    solo_ns = None if solo_us is None else solo_us * 1000.0
-    fwd = extra = conn = 0.0
-    if t1 > t0:
-        i = int(np.searchsorted(arr.max_end, t0, side="right"))
-        j = int(np.searchsorted(arr.start, t1, side="right"))
-        if j > i:
-            keep = arr.worker[i:j] & (arr.end[i:j] > t0)
-            start, end = arr.start[i:j][keep], arr.end[i:j][keep]
-            conn_us = arr.conn_us[i:j][keep]
-            b = np.minimum(end, t1)
-            counted = np.where(b > start, b, t0)
-            cursor = np.empty_like(b)
-            if len(b):
-                cursor[0] = t0
-                cursor[1:] = np.maximum(np.maximum.accumulate(counted)[:-1], t0)
-            a = np.maximum(start, cursor)
-            ok = b > a
-            if ok.any():
-                dur = (end - start)[ok]
-                f = (b - a)[ok] / dur
-                c_ns = np.minimum(conn_us[ok] * 1000.0, dur.astype(float))
-                fw_ns = dur - c_ns
-                solo = fw_ns if solo_ns is None else np.minimum(fw_ns, solo_ns)
-                fwd = 0.0 + float(np.add.accumulate(f * solo)[-1])
-                extra = 0.0 + float(np.add.accumulate(f * (fw_ns - solo))[-1])
-                conn = 0.0 + float(np.add.accumulate(f * c_ns)[-1])
+BLOCK = 1 << 18  # steps per padded block of `breakdowns` (each array of it: 2 MB)
+
+
+def breakdowns(
+    arr: StepArrays,
+    t0: Sequence[int],
+    t1: Sequence[int],
+    tpot_ms: Sequence[float],
+    tokens: Sequence[int],
+    solo_us: float | None,
+    block: int = BLOCK,
+) -> list[dict[str, float]]:
+    """`tpot.breakdown` of many windows on one engine, to the last bit.
+
+    Its loop keeps a cursor (the end of the last step counted): the running maximum of
+    the clipped ends of the earlier steps that end after they start. Its sums are
+    sequential. Here each window's steps are a row of a padded block (windows of like
+    length together), and a step a window does not count is held at values that move
+    neither the cursor (its t0) nor a sum (+0.0), so the row's running maximum and its
+    sequential sum along the row (`accumulate`) are the loop's."""
+    lo = np.asarray(t0, dtype=np.int64)
+    hi = np.asarray(t1, dtype=np.int64)
+    sums = np.zeros((3, len(lo)))
+    i = np.searchsorted(arr.max_end, lo, side="right")
+    j = np.searchsorted(arr.start, hi, side="right")
+    n = np.where(hi > lo, np.maximum(j - i, 0), 0)
+    width = np.zeros_like(n)  # each window's row width: n rounded up to a power of two
+    has = n > 0
+    width[has] = 1 << np.ceil(np.log2(n[has])).astype(np.int64)
+    for w in np.unique(width[has]).tolist():
+        rows = np.flatnonzero(width == w)
+        w = int(n[rows].max())
+        step = max(block // w, 1)
+        for k in range(0, len(rows), step):
+            sel = rows[k : k + step]
+            sums[:, sel] = _block_sums(arr, lo[sel], hi[sel], i[sel], n[sel], w, solo_us)
+    fwd, extra, conn = sums.tolist()
+    return [
+        _shares(0.0 + f, 0.0 + x, 0.0 + c, tp, tk)
+        for f, x, c, tp, tk in zip(fwd, extra, conn, tpot_ms, tokens, strict=True)
+    ]
+
+
+def _block_sums(
+    arr: StepArrays,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    i: np.ndarray,
+    n: np.ndarray,
+    w: int,
+    solo_us: float | None,
+) -> np.ndarray:
+    """(forward, batch sharing, connector) ns summed per window of one padded block:
+    row r holds steps i[r] .. i[r] + n[r] - 1, padded to w."""
+    col = np.arange(w)
+    idx = np.minimum(i[:, None] + col, len(arr.start) - 1)
+    t0, t1 = lo[:, None], hi[:, None]
+    start, end = arr.start[idx], arr.end[idx]
+    keep = (col < n[:, None]) & arr.worker[idx] & (end > t0)
+    b = np.minimum(end, t1)
+    counted = np.where(keep & (b > start), b, t0)
+    cursor = np.empty_like(counted)
+    cursor[:, 0] = lo
+    cursor[:, 1:] = np.maximum(np.maximum.accumulate(counted, axis=1)[:, :-1], t0)
+    a = np.maximum(start, cursor)
+    ok = keep & (b > a)
+    dur = end - start
+    f = np.where(ok, (b - a) / np.where(ok, dur, 1), 0.0)
+    c_ns = np.minimum(arr.conn_us[idx] * 1000.0, dur.astype(float))
+    fw_ns = dur - c_ns
+    solo = fw_ns if solo_us is None else np.minimum(fw_ns, solo_us * 1000.0)
+    out = np.empty((3, len(lo)))
+    for k, part in enumerate((solo, fw_ns - solo, c_ns)):
+        out[k] = np.add.accumulate(np.where(ok, f * part, 0.0), axis=1)[:, -1]
+    return out
+
+
+def _shares(fwd: float, extra: float, conn: float, tpot_ms: float, tokens: int) -> dict[str, float]:
+    """The breakdown from its ns sums, as `tpot.breakdown` ends: per token, in ms, scaled
+    to `tpot_ms` when over it, the rest scheduling."""
     n = max(tokens, 1)
     out = {
         tpot.MODEL_FORWARD: fwd / n / 1e6,
