@@ -28,7 +28,7 @@ help:
 	@echo "make lint      ruff check + ruff format --check"
 	@echo "make format    ruff format + ruff check --fix"
 	@echo "make fuzz      property-based fuzzing of the proxy's request schema (5000 examples)"
-	@echo "make soak      the long fault runs make test leaves out (pull-mode engine kills, the 2P1D prefill kill)"
+	@echo "make soak      the long runs make test leaves out (pull-mode engine kills, the 2P1D prefill kill, pull-mode bench joins)"
 	@echo "make dashboards  regenerate the Grafana dashboards (dashboards/*.json) from code"
 	@echo "make clean     remove caches and run/trace outputs; distclean also removes $(VENV) $(VENV033)"
 	@echo "Variables: VENV=$(VENV) VENV033=$(VENV033) EXTRAS=$(EXTRAS) PYTEST_ARGS= DEMO_ARGS= MODEL_DIR= FUZZ_EXAMPLES=$(FUZZ_EXAMPLES)"
@@ -85,7 +85,7 @@ fuzz: install
 	TRACEDPUSH_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/unit/test_proxy_fuzz.py \
 		--hypothesis-show-statistics $(PYTEST_ARGS)
 
-# Long fault runs (pytest marker `soak`), left out of `make test` to keep it under 25 min.
+# Long runs (pytest marker `soak`), left out of `make test` to keep it under 25 min.
 soak: install
 	$(PY) -m pytest -m soak -s $(PYTEST_ARGS)
 

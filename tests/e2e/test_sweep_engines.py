@@ -40,7 +40,13 @@ from tracedpush.analysis.bench_results import (
 )
 from tracedpush.bench import clock
 
-MODES = [pytest.param(m, marks=pytest.mark.pd(m), id=m) for m in ("push", "pull")]
+# Pull runs behind `make soak` (pytest -m soak), not `make test`: the join and the
+# containment are the proxy's, the same in both modes, and the two pull runs cost
+# `make test` 2.5 minutes of its 25 on a slow machine (146.7 s in CI on 2026-11-30).
+MODES = [
+    pytest.param("push", marks=pytest.mark.pd("push"), id="push"),
+    pytest.param("pull", marks=[pytest.mark.pd("pull"), pytest.mark.soak], id="pull"),
+]
 QPS = (2.0, 6.0)
 INPUT_LEN = 1024  # the quick profile's shorter length
 OUTPUT_LEN = 8
