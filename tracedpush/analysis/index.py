@@ -190,7 +190,7 @@ class AnalysisIndex:
         self._stale_saved: list[str] = []
         self._tpot_saved: list[str] = []  # requests the last update made a breakdown for
         self._kept_durations: dict[str, bytes] | None = None  # `TraceFacts.durations`
-        self._save_all = False  # every kept result changed (TPOT breakdowns redone)
+        self._save_all = False  # every TPOT breakdown redone (`_save`)
         self._slots: TraceSlots | None = None  # kept between updates (`index_live`)
         self.last_rows_written = 0  # traces whose facts, row or TPOT the last update wrote
 
@@ -207,6 +207,9 @@ class AnalysisIndex:
             db.execute("CREATE TABLE IF NOT EXISTS kept (seg INTEGER PRIMARY KEY, v BLOB)")
             # each kept segment's span durations (read only for the console's span view)
             db.execute("CREATE TABLE IF NOT EXISTS durations (seg INTEGER PRIMARY KEY, v BLOB)")
+            # TPOT breakdowns only, of traces whose kept row did not change otherwise
+            # (`_save`): a segment applies after the kept segment of its number
+            db.execute("CREATE TABLE IF NOT EXISTS tpots (seg INTEGER PRIMARY KEY, v BLOB)")
             self._db = db
         return self._db
 
@@ -267,8 +270,13 @@ class AnalysisIndex:
             return
         kept: dict[str, Kept] = {}
         load = Kept.load
-        for (blob,) in db.execute("SELECT v FROM kept ORDER BY seg"):
-            kept.update({tid: load(t) for tid, t in marshal.loads(blob).items()})
+        q = "SELECT seg, v, 0 FROM kept UNION ALL SELECT seg, v, 1 FROM tpots ORDER BY 1, 3"
+        for _seg, blob, only_tpot in db.execute(q):
+            if only_tpot:
+                for tid, tpot in marshal.loads(blob).items():
+                    kept[tid].tpot = tpot
+            else:
+                kept.update({tid: load(t) for tid, t in marshal.loads(blob).items()})
         self._state, self._kept = state, kept
         self._slots = None
         self._delta = StepDelta(state.process_version)
@@ -885,8 +893,10 @@ class AnalysisIndex:
         return self._steps[1]
 
     def _save(self, changed: dict[str, list[Span]]) -> None:
-        """One segment of what changed (facts, result rows), and the re-analysed results
-        in their span databases; segments are merged when there are many."""
+        """One segment of what changed (facts, result rows; or only the TPOT breakdown,
+        as when an engine's solo cost moved: 4 numbers a trace, not its whole row), and
+        the re-analysed results in their span databases; segments are merged when there
+        are many."""
         state = self._state
         assert state is not None
         db = self._connect()
@@ -897,24 +907,33 @@ class AnalysisIndex:
                     "INSERT OR REPLACE INTO results (tid, v) VALUES (?, ?)",
                     ((t, dump_result(self._kept[t].result)) for t in some),  # type: ignore[arg-type]
                 )
-        touched = set(changed) | set(self._stale_saved) | set(self._tpot_saved)
-        if touched or self._save_all or not state.segments:
+        whole = set(changed) | set(self._stale_saved)  # kept rows that changed
+        tpots = [t for t in self._tpot_saved if t not in whole]  # only their breakdown
+        if whole or tpots or not state.segments:
             if (
-                self._save_all
-                or not state.segments  # the first: every trace (a build's too)
+                not state.segments  # the first: every trace (a build's too)
                 or state.segments >= _COMPACT_AFTER
-                or len(touched) * 2 > len(self._kept)
+                or len(whole) * 2 > len(self._kept)
             ):
-                db.execute("DELETE FROM kept")
-                db.execute("DELETE FROM durations")
+                for table in ("kept", "durations", "tpots"):
+                    db.execute(f"DELETE FROM {table}")
                 state.segments = 0
                 part: Iterable[str] = self._kept
+                tpots = []
             else:
-                part = touched
-            blob = marshal.dumps({t: self._kept[t].dump() for t in part})
-            db.execute("INSERT INTO kept (seg, v) VALUES (?, ?)", (state.segments, blob))
-            blob = marshal.dumps({t: self._durations_packed(t) for t in part})
-            db.execute("INSERT INTO durations (seg, v) VALUES (?, ?)", (state.segments, blob))
+                part = whole
+                if self._save_all:  # every breakdown redone: these replace all before
+                    db.execute("DELETE FROM tpots")
+                    tpots = [t for t in self._kept if t not in whole]
+            seg = state.segments
+            if part:
+                blob = marshal.dumps({t: self._kept[t].dump() for t in part})
+                db.execute("INSERT INTO kept (seg, v) VALUES (?, ?)", (seg, blob))
+                blob = marshal.dumps({t: self._durations_packed(t) for t in part})
+                db.execute("INSERT INTO durations (seg, v) VALUES (?, ?)", (seg, blob))
+            if tpots:  # a moved solo cost redoes every breakdown: 4 numbers a trace
+                blob = marshal.dumps({t: self._kept[t].tpot for t in tpots})
+                db.execute("INSERT INTO tpots (seg, v) VALUES (?, ?)", (seg, blob))
             state.segments += 1
         db.execute(
             "INSERT OR REPLACE INTO meta (k, v) VALUES ('state', ?)",

@@ -184,7 +184,8 @@ class TpotSteps:
                 self.solo[eid] = store.solo_forward_us(eid)
             else:
                 self._solo[eid] = got = _Solo(c, old_solo, k)
-                self.solo[eid] = store._solo[eid] = got.forward_us()  # its summary's too
+                self.solo[eid] = got.forward_us()
+                store.know_solo(eid, self.solo[eid])  # its summary's too
             arr = StepArrays(c, old_arr, k)
             self.arrays[eid] = arr if arr.worker.any() else None
 

@@ -680,6 +680,12 @@ class EngineSteps:
             self._solo[engine_id] = None if c is None else cols.solo_forward_us(c)
         return self._solo[engine_id]
 
+    def know_solo(self, engine_id: str, us: float | None) -> None:
+        """Take `solo_forward_us` of one engine as computed elsewhere (`index_steps`
+        keeps it up to date from the last steps' without a pass over every step), so
+        the summary does not compute it again."""
+        self._solo[engine_id] = us
+
     def summary(self) -> dict[str, dict[str, Any]]:
         """Per engine: steps, median step ms, forward, connector share, loads."""
         out: dict[str, dict[str, Any]] = {}
