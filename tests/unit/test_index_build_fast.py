@@ -5,9 +5,11 @@ spans, on real and synthetic spans and on every odd shape it must hand back to
 from __future__ import annotations
 
 import base64
+import faulthandler
 import gzip
 import json
 import marshal
+import mmap
 import multiprocessing
 import os
 import zlib
@@ -429,6 +431,70 @@ def test_a_parallel_build_that_fails_reads_everything_sequentially(
     assert not multiprocessing.active_children()  # the other worker did not read on
     why = "no space left" if how == "raises" else "worker died"
     assert any("parallel index build failed" in e and why in e for e in got.stats.errors)
+    mine, theirs = got.stats.to_json(), store.stats.to_json()
+    del mine["errors"], theirs["errors"]
+    assert mine == theirs
+
+
+@pytest.mark.parametrize("when", ["before the map", "under the map"])
+def test_a_file_cut_shorter_during_the_build_is_read_as_it_is(
+    tmp_path: Path, monkeypatch, when: str
+) -> None:
+    """A trace file cut shorter while the build workers read it. Before their memory
+    maps: the map fails, and the worker says which file was cut. Under their maps: the
+    first read of a page past its new end is a real SIGBUS, which kills the worker, not
+    the report. Either way the build then reads sequentially the file as it is now,
+    which equals `analyze` of it, and the run's notes say why. (Not a mock: the file is
+    truncated on disk and the kernel refuses the map or raises the signal.)"""
+    from tracedpush.analysis import TraceStore, analyze
+    from tracedpush.analysis.index import AnalysisIndex
+
+    run = synthetic.generate(40, seed=10, batch=4)
+    d = tmp_path / "traces"
+    run.write(d)
+    big = max(d.rglob("*.jsonl"), key=lambda f: f.stat().st_size)
+    data = big.read_bytes()
+    assert len(data) > 8 * mmap.PAGESIZE
+    cut = data.index(b"\n", len(data) // 4) + 1  # whole lines stay
+    both = multiprocessing.get_context("fork").Barrier(2)  # the two workers, in step
+
+    def truncate(shard: int) -> None:
+        both.wait(timeout=60)
+        if shard == 0:
+            os.truncate(big, cut)
+        both.wait(timeout=60)
+
+    if when == "before the map":
+        start = index_build._run_worker
+
+        def cut_then_start(idx: Any, shard: int, *args: Any) -> None:
+            truncate(shard)
+            start(idx, shard, *args)
+
+        monkeypatch.setattr(index_build, "_run_worker", cut_then_start)
+        why = f"{big} was cut shorter while the index was built"
+    else:
+        lines = index_build._Worker._lines
+
+        def cut_then_read(self: Any, f: Path, fi: int, mm: mmap.mmap, end: int) -> int:
+            faulthandler.disable()  # the worker's death needs no traceback in the log
+            if f == big:
+                truncate(self.shard)
+            return lines(self, f, fi, mm, end)
+
+        monkeypatch.setattr(index_build._Worker, "_lines", cut_then_read)
+        why = "worker died"
+    idx = AnalysisIndex([d], parallel=True)
+    got = idx.update()
+    idx.close()
+    assert big.stat().st_size == cut
+    store = TraceStore.from_paths([d])
+    want = analyze(store, spans=False)
+    assert list(got.requests) == list(want.requests)
+    assert not multiprocessing.active_children()
+    notes = [e for e in got.stats.errors if "parallel index build failed" in e]
+    assert len(notes) == 1 and why in notes[0], got.stats.errors
+    assert "Traceback" not in notes[0]  # a cut file is no bug: its message, no traceback
     mine, theirs = got.stats.to_json(), store.stats.to_json()
     del mine["errors"], theirs["errors"]
     assert mine == theirs

@@ -242,7 +242,10 @@ class _Worker:
                 self.lines_ok.append(0)
                 continue
             with f.open("rb") as fh:
-                mm = mmap.mmap(fh.fileno(), end, access=mmap.ACCESS_READ)
+                try:
+                    mm = mmap.mmap(fh.fileno(), end, access=mmap.ACCESS_READ)
+                except ValueError:  # "mmap length is greater than file size"
+                    raise OSError(f"{f} was cut shorter while the index was built") from None
             try:
                 self.lines_ok.append(self._lines(f, fi, mm, end))
             finally:
@@ -413,7 +416,10 @@ def _run_worker(
         # rows and breakdowns are plain tuples, dicts and numbers: `marshal`, as the facts
         reply = (marshal.dumps(rows), marshal.dumps(tpots), _peak_kb(), times)
         conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
-    except BaseException:
+    except OSError as exc:  # the disk or the files (full, cut shorter): its message
+        conn.send_bytes(pickle.dumps(("error", f"{type(exc).__name__}: {exc}")))
+        raise
+    except BaseException:  # anything else is a bug: its traceback
         conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
         raise
     finally:
