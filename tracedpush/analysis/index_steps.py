@@ -283,7 +283,7 @@ def breakdowns(
             sums[:, sel] = _block_sums(arr, lo[sel], hi[sel], i[sel], n[sel], w, solo_us)
     fwd, extra, conn = sums.tolist()
     return [
-        _shares(0.0 + f, 0.0 + x, 0.0 + c, tp, tk)
+        tpot.shares(0.0 + f, 0.0 + x, 0.0 + c, tp, tk)
         for f, x, c, tp, tk in zip(fwd, extra, conn, tpot_ms, tokens, strict=True)
     ]
 
@@ -319,24 +319,6 @@ def _block_sums(
     out = np.empty((3, len(lo)))
     for k, part in enumerate((solo, fw_ns - solo, c_ns)):
         out[k] = np.add.accumulate(np.where(ok, f * part, 0.0), axis=1)[:, -1]
-    return out
-
-
-def _shares(fwd: float, extra: float, conn: float, tpot_ms: float, tokens: int) -> dict[str, float]:
-    """The breakdown from its ns sums, as `tpot.breakdown` ends: per token, in ms, scaled
-    to `tpot_ms` when over it, the rest scheduling."""
-    n = max(tokens, 1)
-    out = {
-        tpot.MODEL_FORWARD: fwd / n / 1e6,
-        tpot.BATCH_SHARING: extra / n / 1e6,
-        tpot.CONNECTOR: conn / n / 1e6,
-    }
-    used = sum(out.values())
-    if used > tpot_ms > 0:  # as `tpot.breakdown`: scale, keep the sum
-        k = tpot_ms / used
-        out = {key: v * k for key, v in out.items()}
-        used = tpot_ms
-    out[tpot.SCHEDULING] = max(tpot_ms - used, 0.0)
     return out
 
 

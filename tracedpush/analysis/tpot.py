@@ -76,6 +76,13 @@ def breakdown(
             fwd += f * solo
             extra += f * (fw_ns - solo)
             conn += f * c_ns
+    return shares(fwd, extra, conn, tpot_ms, tokens)
+
+
+def shares(fwd: float, extra: float, conn: float, tpot_ms: float, tokens: int) -> dict[str, float]:
+    """A breakdown from its ns sums over the window (model forward, batch sharing,
+    connector): per token in ms, scaled to ``tpot_ms`` when over it, the rest
+    scheduling. Shared with the index's array split (`index_steps.breakdowns`)."""
     n = max(tokens, 1)
     out = {
         MODEL_FORWARD: fwd / n / 1e6,
