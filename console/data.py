@@ -26,6 +26,7 @@ import streamlit as st
 from tracedpush import analysis
 from tracedpush import semconv as sc
 from tracedpush.analysis import index as index_mod
+from tracedpush.analysis import index_child
 from tracedpush.console import selection
 from tracedpush.console.selection import mode_order
 
@@ -481,8 +482,13 @@ class Feed:
             paths = [Path(p) for p in self.source.trace_paths]
             if all(p.exists() for p in paths):
                 try:
-                    # no forked build workers inside Streamlit's threaded server
+                    # no forked build workers inside Streamlit's threaded server: a
+                    # big run's cold build runs in a process of its own (`index_child`)
                     idx = index_mod.AnalysisIndex(paths, threads=True, parallel=False)
+                    if idx.needs_build() and idx.parallel_pays():
+                        failed = index_child.build(paths)
+                        if failed:
+                            log.warning("%s; building it in this process", failed)
                     started = time.perf_counter()
                     idx.update()
                     self.analysis_seconds = time.perf_counter() - started

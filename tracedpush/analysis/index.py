@@ -254,9 +254,27 @@ class AnalysisIndex:
                 assert self._state is not None
                 self._state.stats.note(f"analysis index unreadable, built again: {exc}")
 
-    def _load_state(self) -> None:
-        db = self._connect()
-        row = db.execute("SELECT v FROM meta WHERE k = 'state'").fetchone()
+    def needs_build(self) -> bool:
+        """Whether the next `update` builds the index from nothing (none yet, or one of
+        other paths, of other code, or over a file that shrank or was replaced): a look
+        at its database, nothing loaded or reset, and no connection left open (another
+        process may build it meanwhile, as the console has it done: `index_child`)."""
+        if self._state is not None:
+            return self.rebuilt and not self._state.files
+        try:
+            return self._saved_state() is None
+        except (sqlite3.DatabaseError, ValueError, EOFError, TypeError):
+            return True
+        finally:
+            self._close_dbs()
+
+    def parallel_pays(self) -> bool:
+        """Whether a cold build of these paths pays for a worker per core."""
+        return parallel_pays(FileSource(*self.paths).files())
+
+    def _saved_state(self) -> _State | None:
+        """The state the database holds, if it is still this index's (else None)."""
+        row = self._connect().execute("SELECT v FROM meta WHERE k = 'state'").fetchone()
         state = None
         if row is not None:
             try:
@@ -265,7 +283,12 @@ class AnalysisIndex:
                 fmt = None
             if fmt != format_key() or state.paths != self._path_key():
                 state = None
-        if state is None or self._stale(state):
+        return None if state is None or self._stale(state) else state
+
+    def _load_state(self) -> None:
+        db = self._connect()
+        state = self._saved_state()
+        if state is None:
             self._reset()
             return
         kept: dict[str, Kept] = {}
@@ -407,10 +430,7 @@ class AnalysisIndex:
         from tracedpush.analysis import index_build
 
         files = FileSource(*self.paths).files()
-        parallel = self.parallel
-        if parallel is None:
-            big = sum(f.stat().st_size for f in files) >= PARALLEL_BYTES
-            parallel = big and (os.cpu_count() or 1) >= SHARDS
+        parallel = parallel_pays(files) if self.parallel is None else self.parallel
         if not parallel or not index_build.usable(files):
             return False
         for db in self._span_dbs.values():  # the workers write these
@@ -1021,6 +1041,12 @@ class AnalysisIndex:
 
     def __len__(self) -> int:
         return len(self._kept)
+
+
+def parallel_pays(files: Sequence[Path]) -> bool:
+    """Whether a cold build of `files` pays for a worker per core (`index_build`)."""
+    big = sum(f.stat().st_size for f in files) >= PARALLEL_BYTES
+    return big and (os.cpu_count() or 1) >= SHARDS
 
 
 def _journal(db: sqlite3.Connection, mode: str) -> bool:

@@ -1,0 +1,88 @@
+"""A cold index build in a process of its own, for callers that must not fork.
+
+Why: a cold build forks a worker per core (`index_build`), which a threaded process
+must not do (a lock another thread held at the fork stays held in the child), so the
+console, inside Streamlit's threaded server, built a big run's index in one process:
+385.8 s at 200,000 requests, where `report --index` took about 150 s with the workers
+on the same machine. A fresh process has one thread and may fork; the console waits
+for it (`build`), then opens the index warm.
+
+The child ends with its parent (``PR_SET_PDEATHSIG``; the signal stops its build
+workers too), so a console stopped meanwhile leaves no process behind. A child that
+fails leaves the caller to build in its own process, as before.
+
+``python -m tracedpush.analysis.index_child PATH...`` is the child.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def build(paths: Sequence[Path], *, parallel: bool = True) -> str | None:
+    """Build the index of `paths` (at its default place, with the default options) in
+    a child process; None when it did, else why not (the child's last words)."""
+    argv = [sys.executable, "-m", __name__, *(["--parallel"] if parallel else [])]
+    try:
+        done = subprocess.run(
+            [*argv, "--", *map(str, paths)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except OSError as exc:
+        return f"the index build process did not start: {exc}"
+    if done.returncode:
+        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        return f"the index build process failed (exit {done.returncode}): {last[0]}"
+    return None
+
+
+def _die_with_parent() -> None:
+    """SIGTERM when the parent ends, raised here as SystemExit: `index_build.build`
+    then terminates its workers on the way out."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the parent's wait is all there is
+        return
+    if os.getppid() == 1:  # the parent died before the prctl: nobody will signal
+        raise SystemExit(1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m tracedpush.analysis.index_child",
+        description="Build the analysis index of trace paths (what the console runs).",
+    )
+    ap.add_argument("--parallel", action="store_true", help="a build worker per core")
+    ap.add_argument("paths", nargs="+", type=Path, help="trace files or directories")
+    args = ap.parse_args(argv)
+    _die_with_parent()
+    from tracedpush.analysis.index import AnalysisIndex  # the signal is set up
+
+    idx = AnalysisIndex(args.paths, parallel=True if args.parallel else None)
+    try:
+        idx.update()
+    finally:
+        idx.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
