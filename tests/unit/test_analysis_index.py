@@ -8,8 +8,11 @@ import copy
 import dataclasses
 import gzip
 import json
+import marshal
 import pickle
 import shutil
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +162,15 @@ def test_a_cold_build_killed_midway_is_built_again(
     assert torn.rebuilt and any("unreadable" in e for e in errors)
     same(torn.update(), reference([d]))
     torn.close()
+    # ... as is one with the TPOT breakdown of a trace that no kept segment holds
+    with closing(sqlite3.connect(where / "index.sqlite")) as db, db:
+        blob = marshal.dumps({"f" * 32: None})
+        db.execute("INSERT INTO tpots (seg, v) VALUES (99, ?)", (blob,))
+    odd = AnalysisIndex([d])
+    errors = odd.stats.errors  # opens it
+    assert odd.rebuilt and any("unreadable" in e for e in errors)
+    same(odd.update(), reference([d]))
+    odd.close()
 
 
 @pytest.mark.parametrize("damage", ["torn", "gone", "other run's"])

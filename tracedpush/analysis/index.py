@@ -86,6 +86,9 @@ _DB = "index.sqlite"
 # kept beside the database as files (0.8 s to write at 200,000 requests where a blob in
 # it took 2-3 s: a Live index writes them on every pause), their keys in its meta table
 _FILES = {"steps": "steps.pickle", "steps_tpot": "steps-tpot.pickle"}
+# what reading a torn or foreign index database raises (a TPOT segment of a trace no
+# kept segment has: KeyError): the index is built again
+_UNREADABLE = (sqlite3.DatabaseError, ValueError, EOFError, TypeError, KeyError)
 PARALLEL_BYTES = 64 << 20  # trace bytes from which a cold build uses every core
 _COMPACT_AFTER = 16  # record segments before they are merged into one
 # a Live index writes its engine steps (and their contention) when an update brings
@@ -248,7 +251,7 @@ class AnalysisIndex:
         with paused_gc():
             try:
                 self._load_state()
-            except (sqlite3.DatabaseError, ValueError, EOFError, TypeError) as exc:
+            except _UNREADABLE as exc:
                 # a torn or foreign file (disk full, a copy cut short): built again
                 self._reset()
                 assert self._state is not None
@@ -263,7 +266,7 @@ class AnalysisIndex:
             return self.rebuilt and not self._state.files
         try:
             return self._saved_state() is None
-        except (sqlite3.DatabaseError, ValueError, EOFError, TypeError):
+        except _UNREADABLE:
             return True
         finally:
             self._close_dbs()
