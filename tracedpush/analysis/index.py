@@ -455,9 +455,7 @@ class AnalysisIndex:
 
     def _update(self) -> RunAnalysis:
         self._open()
-        state = self._state
-        assert state is not None
-        built = self.rebuilt and not state.files and self._build()
+        built = self.needs_build() and self._build()
         state = self._state  # a build that failed started the index again (`_reset`)
         assert state is not None
         new = [] if built else self._read()  # a build read it all: this is one refresh

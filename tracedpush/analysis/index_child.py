@@ -28,13 +28,14 @@ from pathlib import Path
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def build(paths: Sequence[Path], *, parallel: bool = True) -> str | None:
-    """Build the index of `paths` (at its default place, with the default options) in
-    a child process; None when it did, else why not (the child's last words)."""
-    argv = [sys.executable, "-m", __name__, *(["--parallel"] if parallel else [])]
+def build(paths: Sequence[Path]) -> str | None:
+    """Build the index of `paths` (at its default place, with the default options, a
+    worker per core) in a child process; None when it did, else why not (the child's
+    last words)."""
+    argv = [sys.executable, "-m", __name__, "--parallel", "--", *map(str, paths)]
     try:
         done = subprocess.run(
-            [*argv, "--", *map(str, paths)],
+            argv,
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
