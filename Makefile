@@ -36,9 +36,11 @@ help:
 install:
 	@EXTRAS=$(EXTRAS) bash scripts/install.sh $(VENV)
 
-# --durations: the slowest tests in every CI log, to keep `make test` under 25 minutes
+# Two pytest phases (scripts/run_tests.sh): the unit and console tests on a worker per
+# core, then the e2e and timing-sensitive (`serial`) tests alone. --durations: the slowest
+# tests in every CI log, to keep `make test` under 25 minutes
 test: install check
-	$(PY) -m pytest --durations=30 $(PYTEST_ARGS)
+	bash scripts/run_tests.sh $(PY) $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-vllm033 PYTEST_ARGS=
 
 # The vLLM 0.33 lane: every unit test that touches vLLM's classes, run against vLLM 0.33.0's

@@ -3,8 +3,12 @@
 Markers
 -------
 ``e2e``
-    Launches real vLLM engines with NIXL (slow, about a minute per deployment).
-    ``pytest -m "not e2e"`` runs the unit tests only.
+    Launches real vLLM engines with NIXL (slow, about a minute per deployment). Every
+    test under tests/e2e/ has it. ``pytest -m "not e2e"`` runs the unit tests only.
+``serial``
+    Asserts a latency or CPU bound, so it must not share the machine with other tests:
+    ``make test`` (scripts/run_tests.sh) runs the other unit and console tests on a
+    pytest-xdist worker per core, then the ``serial`` and ``e2e`` tests in one process.
 ``pd(mode)``
     The test uses the live local P/D deployment in ``mode`` ("push" or "pull") through
     the ``pd`` fixture of tests/e2e/conftest.py (so such tests live under tests/e2e/).
@@ -31,12 +35,14 @@ otherwise (tracedpush/testing/figures.py; read by benchmarks/reliability.py).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tracedpush.testing.figures import Figures
 
 PD_MODES = ("push", "pull")
+E2E_DIR = Path(__file__).parent / "e2e"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -62,7 +68,8 @@ def pd_mode(item: pytest.Item) -> str | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {None: 0, "push": 1, "pull": 2}
     for item in items:
-        if pd_mode(item) is not None and item.get_closest_marker("e2e") is None:
+        in_e2e = E2E_DIR in item.path.parents
+        if (in_e2e or pd_mode(item) is not None) and item.get_closest_marker("e2e") is None:
             item.add_marker(pytest.mark.e2e)
     items.sort(key=lambda item: rank[pd_mode(item)])
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tracedpush import semconv as sc
 from tracedpush.analysis.load import TraceStore
 from tracedpush.collect.service import BackgroundCollect, CollectConfig
@@ -38,6 +40,7 @@ def test_forwarding_reaches_a_second_receiver(tmp_path):
     assert TraceStore.from_path(tmp_path).stats.spans == sent
 
 
+@pytest.mark.serial  # a latency bound
 def test_a_hanging_forward_target_never_blocks_receiving(tmp_path):
     run = generate(20, seed=6, engine_steps=False)
     hang = HangingEndpoint()

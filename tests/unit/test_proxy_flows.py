@@ -502,6 +502,7 @@ def test_push_prefill_failure_cancels_the_waiting_decode():
     run(scenario)
 
 
+@pytest.mark.serial  # a latency bound
 def test_push_decode_failure_lets_prefill_finish():
     """Push: once D has the request, P's leg runs to its end even when D's leg fails, so
     P's WRITE lands and a live D frees the blocks it registered (vLLM 0.32 frees them

@@ -51,7 +51,7 @@ RSS_GROWTH_LIMIT_MB = 64.0  # what 200 streams may cost the proxy (measured: see
 CPU_LIMIT = 0.9  # of one core, relaying 200 x 50 events/s (measured: see the print)
 FAST_EXTRA_LIMIT_S = 0.25  # added to a fast client's TTFT beside them
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.serial]  # CPU and latency bounds
 
 
 def _serve_stub(role: str, mode: str, port: int) -> None:

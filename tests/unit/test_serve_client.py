@@ -293,6 +293,7 @@ def test_poisson_schedule_has_the_requested_rate():
     assert np.diff(arrival_offsets(5, 2.0, burstiness=float("inf"))) == pytest.approx([0.5] * 4)
 
 
+@pytest.mark.serial  # a latency bound
 def test_requests_reach_the_server_on_schedule(engine, model_dir):
     """200 arrivals at 100/s on a server that answers at once: the server sees them at the
     requested rate, each near its scheduled offset (the client sleeps to absolute times,

@@ -153,6 +153,7 @@ class BlockingExporter(SpanExporter):
         self.release.set()
 
 
+@pytest.mark.serial  # a latency bound
 def test_a_stalled_exporter_never_blocks_submit_and_drops_are_counted():
     exporter = BlockingExporter()
     worker = ExportWorker("stuck", exporter, max_queue=100)
@@ -252,6 +253,7 @@ def test_otlp_http_export_to_a_real_receiver(otel_env):
         server.shutdown()
 
 
+@pytest.mark.serial  # a latency bound
 def test_unreachable_otlp_endpoint_does_not_block_emit(otel_env):
     otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
     otel_env.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2")
@@ -449,6 +451,7 @@ def test_a_file_size_limit_moves_on_to_a_new_part(tmp_path):
     assert sum(len(spans_in(f)) for f in files) == sum(r[0] for r in results)
 
 
+@pytest.mark.serial  # a latency bound
 def test_a_hanging_otlp_endpoint_never_blocks_emit_times_out_and_recovers(otel_env, caplog):
     caplog.set_level(logging.WARNING, logger="tracedpush.export")
     hang = HangingEndpoint()
