@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -41,6 +41,20 @@ from tracedpush.testing.net import free_port
 from tracedpush.testing.otlp import HangingEndpoint, OtlpHttpReceiver
 
 RESOURCE = Resource.create({"service.name": "vllm-decode", "host.name": "h1"})
+
+
+@pytest.fixture(autouse=True)
+def _export_threads_end_with_their_test() -> Iterator[None]:
+    """Each test's export threads end before the next test starts. A shutdown may return
+    while an attempt is still running (by design: an engine must not wait out a dead
+    endpoint at exit); that attempt's outage warning, logged later, would land in the
+    next test's caplog (seen: the unreachable-endpoint test's in the hanging one's)."""
+    before = set(threading.enumerate())
+    yield
+    for thread in set(threading.enumerate()) - before:
+        if thread.name.startswith("tracedpush-export-"):
+            thread.join(timeout=15)
+            assert not thread.is_alive(), f"{thread.name} still running 15 s after its test"
 
 
 def span(i: int, name: str = "kv.write", parent: int | None = 7) -> ReadableSpan:

@@ -17,15 +17,13 @@ fails leaves the caller to build in its own process, as before.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import os
 import signal
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
+from tracedpush.parent_death import end_with_parent
 
 
 def build(paths: Sequence[Path]) -> str | None:
@@ -57,12 +55,7 @@ def _die_with_parent() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the parent's wait is all there is
-        return
-    if os.getppid() == 1:  # the parent died before the prctl: nobody will signal
+    if end_with_parent(signal.SIGTERM) is False:  # the parent died before we asked
         raise SystemExit(1)
 
 

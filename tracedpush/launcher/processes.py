@@ -12,7 +12,6 @@ bound.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import fcntl
 import functools
@@ -29,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-PR_SET_PDEATHSIG = 1
+from tracedpush.parent_death import end_with_parent
+
 DEFAULT_LOCK_PATH = "/tmp/tracedpush-engines.lock"
 
 
@@ -165,10 +165,7 @@ class EnginesLock:
 
 
 def _child_setup(cpus: tuple[int, ...] = ()) -> None:  # in the child between fork and exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    # If the launcher already died between fork and prctl, nobody will signal us.
-    if os.getppid() == 1:
+    if end_with_parent(signal.SIGTERM) is False:  # the launcher died before we asked
         os._exit(1)
     if cpus:
         # Before exec, while the child has a single thread: the server and every process
