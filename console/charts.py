@@ -13,6 +13,7 @@ import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -563,6 +564,43 @@ def ttft_delta(cmp: Any, bucket: str = ALL, load: str = ALL) -> go.Figure:
     return fig
 
 
+# Points per mode a request scatter draws. Each point carries its ids (click -> timeline):
+# 200,000 requests were megabytes of JSON for the browser to parse and draw (Chromium
+# took 5.9 s for the overview), and beyond some thousands more points add no picture.
+MAX_POINTS = 20_000
+SLOWEST = 1_000  # of those, the largest values are always drawn: the points users click
+
+
+def drawn(rows: Any, y: str, cap: int = MAX_POINTS, slowest: int = SLOWEST) -> Any:
+    """The rows a scatter draws: all of them up to `cap`; beyond, the `slowest` largest
+    `y` values and an even sample of the rest (every k-th in the table's order, so
+    every stretch of the run keeps its share), `cap` in all, in the table's order."""
+    if len(rows) <= cap:
+        return rows
+    top = rows[y].nlargest(min(slowest, cap)).index
+    rest = rows.drop(index=top)
+    step = len(rest) / (cap - len(top))
+    keep = rest.iloc[(np.arange(cap - len(top)) * step).astype(np.int64)].index
+    return rows.loc[rows.index.isin(top.union(keep))]
+
+
+def drawn_note(fig: go.Figure, kind: str) -> str:
+    """ " (drawn: 20,000 of 100,020 push ...)" when a scatter of `kind` left points out."""
+    parts = [
+        f"{len(t.customdata):,} of {t.meta['of']:,} {t.meta['mode']}"
+        for t in fig.data
+        if isinstance(t.meta, dict)
+        and t.meta.get("kind") == kind
+        and len(t.customdata) < t.meta["of"]
+    ]
+    if not parts:
+        return ""
+    return (
+        f" Drawn: {', '.join(parts)} requests (the {SLOWEST:,} slowest of each mode and an "
+        "even sample of the rest)."
+    )
+
+
 def requests_scatter(table: Any, x: str = "prompt_tokens", y: str = "ttft_ms") -> go.Figure:
     """One point per request (click one to open its timeline). ``table`` is
     RunAnalysis.table() as a DataFrame; points carry their trace id in customdata."""
@@ -570,7 +608,8 @@ def requests_scatter(table: Any, x: str = "prompt_tokens", y: str = "ttft_ms") -
     if table is None or len(table) == 0 or y not in table:
         return _empty("no requests")
     for mode in mode_order(table["mode"].unique()):
-        rows = table[(table["mode"] == mode) & table[y].notna()]
+        every = table[(table["mode"] == mode) & table[y].notna()]
+        rows = drawn(every, y)
         fig.add_trace(
             go.Scattergl(
                 x=rows[x].to_numpy(),
@@ -584,7 +623,7 @@ def requests_scatter(table: Any, x: str = "prompt_tokens", y: str = "ttft_ms") -
                     "%{customdata[0]}<br>" + x + " %{x}<br>" + y + " %{y:.1f}"
                     "<br>load %{customdata[1]}<extra>" + str(mode) + "</extra>"
                 ),
-                meta={"kind": "requests", "mode": str(mode)},
+                meta={"kind": "requests", "mode": str(mode), "of": len(every)},
             )
         )  # fmt: skip
     fig.update_layout(
@@ -601,14 +640,35 @@ def requests_scatter(table: Any, x: str = "prompt_tokens", y: str = "ttft_ms") -
 # --------------------------------------------------------------------------- phases
 
 
+def box_stats(values: Any) -> dict[str, float]:
+    """A box's statistics as Plotly computes them from a sample (its default "linear"
+    quartiles are Hyndman and Fan's method 5, numpy's "hazen"), the fences at the
+    smallest and largest value, and ``n``; for `go.Box`'s q1/median/q3 signature."""
+    v = np.sort(np.asarray(values, dtype="float64"))
+    v = v[np.isfinite(v)]  # as Plotly skips what is not a number
+    if not len(v):
+        return {"n": 0}
+    q1, median, q3 = np.percentile(v, [25, 50, 75], method="hazen")
+    return {
+        "q1": float(q1),
+        "median": float(median),
+        "q3": float(q3),
+        "lowerfence": float(v[0]),
+        "upperfence": float(v[-1]),
+        "mean": float(v.mean()),
+        "n": len(v),
+    }
+
+
 def phase_boxes(frame: Any, value: str = "ms", columns: int = 4, top: int = 10) -> go.Figure:
     """Distribution of each phase's duration per mode: one small box plot per phase (own
     y scale, since prefill dwarfs the rest), and each box's ``top`` largest values as
     points that carry their request (click one to open its timeline).
 
-    ``frame`` columns: phase, mode, ms, request_id, trace_id. Box values travel as binary
-    float32 without ids or outlier markers: 10,000 requests x 17 phases with per-point
-    ids would be megabytes, and thousands of outlier markers slow the browser down."""
+    ``frame`` columns: phase, mode, ms, request_id, trace_id. Each box travels as its
+    statistics (`box_stats`), not its values: at 200,000 requests a page of boxes was
+    3.4 million values that the browser sorted to draw them (11 s in Chromium, against
+    a 3 s target). The whiskers reach the smallest and largest value."""
     if frame is None or len(frame) == 0:
         return _empty("no phases")
     order = phase_order(frame["phase"].unique())
@@ -629,16 +689,18 @@ def phase_boxes(frame: Any, value: str = "ms", columns: int = 4, top: int = 10) 
             if part is None:
                 continue
             color = MODE_COLORS.get(mode, "#7f7f7f")
+            stats = box_stats(part[value].to_numpy(dtype="float64"))
+            if not stats["n"]:
+                continue
             fig.add_trace(
                 go.Box(
-                    y=part[value].to_numpy(dtype="float32"),
-                    x0=mode,
+                    x=[mode],
+                    **{k: [v] for k, v in stats.items() if k != "n"},
                     name=mode,
                     legendgroup=mode,
                     showlegend=i == 0,
                     marker_color=color,
-                    boxpoints=False,
-                    meta={"kind": "phase_box", "mode": mode, "phase": phase},
+                    meta={"kind": "phase_box", "mode": mode, "phase": phase, "n": stats["n"]},
                 ),
                 **cell,
             )
@@ -678,7 +740,8 @@ def window_ttft(table: Any) -> go.Figure:
     if table is None or len(table) == 0:
         return _empty("no requests in this window")
     for mode in mode_order(table["mode"].unique()):
-        rows = table[(table["mode"] == mode) & table["ttft_ms"].notna()]
+        every = table[(table["mode"] == mode) & table["ttft_ms"].notna()]
+        rows = drawn(every, "ttft_ms")
         fig.add_trace(
             go.Scattergl(
                 x=pd_to_datetime(rows["start_unix_ms"]),
@@ -688,7 +751,7 @@ def window_ttft(table: Any) -> go.Figure:
                 marker={"color": MODE_COLORS.get(str(mode), "#7f7f7f"), "size": 6},
                 customdata=rows[["request_id", "trace_id"]].to_numpy(),
                 hovertemplate="%{customdata[0]}: TTFT %{y:.1f} ms<extra>%{x}</extra>",
-                meta={"kind": "window_ttft", "mode": str(mode)},
+                meta={"kind": "window_ttft", "mode": str(mode), "of": len(every)},
             )
         )
     fig.update_layout(

@@ -71,10 +71,10 @@ def live() -> None:
             or "no TTFT yet"
         )
 
-    st.plotly_chart(
-        charts.window_ttft(pd.DataFrame(window.table_columns() or window.table())),
-        key="live_ttft",
-    )
+    scatter = charts.window_ttft(pd.DataFrame(window.table_columns() or window.table()))
+    st.plotly_chart(scatter, key="live_ttft")
+    if note := charts.drawn_note(scatter, "window_ttft"):
+        st.caption(note.strip())
     table = data.phase_percentiles(overall)
     if not table.empty:
         st.caption(f"Critical-path phase percentiles (ms), last {minutes} min")

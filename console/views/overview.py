@@ -140,8 +140,9 @@ elif found is not None:
     st.caption(f"No CPU contention found in {found.samples:,} thread samples.")
 
 st.subheader("Every request")
+scatter = charts.requests_scatter(snap.table)
 st.plotly_chart(
-    charts.requests_scatter(snap.table),
+    scatter,
     key="requests",
     on_select=lambda: ui.follow_click("requests"),
     selection_mode="points",
@@ -149,4 +150,5 @@ st.plotly_chart(
 st.caption(
     f"{len(snap.run.requests):,} requests from {snap.source.label}. Load is the number of "
     "requests in flight at the proxy when a request arrived. Click a point for its timeline."
+    + charts.drawn_note(scatter, "requests")
 )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
+
 from tracedpush.analysis import phases as ph
 from tracedpush.console import charts, selection, ui
 
@@ -57,3 +59,46 @@ def test_typical_is_the_median_ttft():
     assert selection.typical(reqs, "push").ttft_ms == 5.0
     assert selection.typical(reqs, "pull") is None
     assert selection.mode_order(["unknown", "pull", "push"]) == ["push", "pull", "unknown"]
+
+
+def _table(n: int, mode: str = "push"):
+    import pandas as pd
+
+    rng = np.random.default_rng(3)
+    return pd.DataFrame(
+        {
+            "mode": [mode] * n,
+            "prompt_tokens": rng.integers(64, 8192, n),
+            "ttft_ms": rng.lognormal(5, 1, n),
+            "start_unix_ms": np.arange(n) * 10.0,
+            "request_id": [f"r{i}" for i in range(n)],
+            "load": rng.integers(1, 32, n),
+            "trace_id": [f"{i:032x}" for i in range(n)],
+        }
+    )
+
+
+def test_a_big_scatter_draws_the_slowest_and_an_even_sample():
+    table = _table(charts.MAX_POINTS * 5)
+    fig = charts.requests_scatter(table)
+    (trace,) = fig.data
+    ids = [row[-1] for row in trace.customdata]
+    assert len(ids) == len(set(ids)) == charts.MAX_POINTS
+    assert trace.meta["of"] == len(table)
+    slowest = set(table.nlargest(charts.SLOWEST, "ttft_ms")["trace_id"])
+    assert slowest <= set(ids)  # every outlier is clickable
+    # the rest is spread evenly over the run: each fifth of it keeps about its share
+    rest = [int(t, 16) for t in ids if t not in slowest]
+    fifths = np.bincount(np.array(rest) * 5 // len(table), minlength=5)
+    assert fifths.min() >= 0.95 * len(rest) / 5
+    assert "Drawn: 20,000 of 100,000 push requests" in charts.drawn_note(fig, "requests")
+
+
+def test_a_small_scatter_draws_every_request_and_says_nothing():
+    table = _table(500)
+    fig = charts.requests_scatter(table)
+    assert len(fig.data[0].customdata) == 500
+    assert charts.drawn_note(fig, "requests") == ""
+    live = charts.window_ttft(_table(charts.MAX_POINTS + 1, "pull"))
+    assert len(live.data[0].customdata) == charts.MAX_POINTS
+    assert "of 20,001 pull" in charts.drawn_note(live, "window_ttft")
