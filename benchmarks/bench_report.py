@@ -9,10 +9,9 @@ The run is built half from real traces replayed and half from synthetic ones:
   step spans follow wall time, not requests, and are kept once);
 * synthetic: `tracedpush.testing.synthetic` in chunks of 10,000 requests (engine steps
   and thread samples included), one chunk after the other in time; beyond
-  ``--synthetic-chunks`` chunks (2 by default: generating one takes about 4 minutes
-  on a fast machine, so all ten of a 200,000-request run took 40), the chunks written
-  are replayed as the real traces are: new trace and request ids, times shifted past
-  the previous copy (span times, events and the engine steps' start times).
+  ``--synthetic-chunks`` chunks (generating one takes minutes), the chunks written are
+  replayed as the real traces are: new trace and request ids, times shifted past the
+  previous copy (span times, events and the engine steps' start times).
 
 Each measured command runs as its own process (`tracedpush report ... --format table`),
 so its wall and CPU time (`wait4`) and peak RSS (its processes' own peaks added, and
@@ -53,7 +52,6 @@ TARGET_REQUESTS = 200_000  # what the targets are for (issue 12)
 PROCESS_SPANS = ("engine.steps", "engine.threads")
 REQUEST_ID = "tracedpush.request_id"
 CHUNK = 10_000
-SYNTHETIC_CHUNKS = 2  # generated; the rest of the synthetic half replays them
 # a cold build's worker phases (`index_build.WORKER_CPU`)
 _PHASES = ("read", "store", "analyse")
 STEP_START_NS = "tracedpush.step.start_ns"  # engine.steps: Unix ns of each step (int[])
@@ -464,9 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--synthetic-chunks",
         type=int,
-        default=SYNTHETIC_CHUNKS,
+        default=None,
         help=f"generate at most this many synthetic chunks of {CHUNK} requests, replay the "
-        f"rest from them (default {SYNTHETIC_CHUNKS}; 0: generate them all)",
+        "rest from them (default: generate them all)",
     )
     ap.add_argument(
         "--extend",
@@ -504,8 +502,7 @@ def main(argv: list[str] | None = None) -> int:
             real = Replayer(args.real, d)
             n_real = real.write(int(args.requests * args.real_share))
             print(f"replayed {n_real} real requests", flush=True)
-            chunks = args.synthetic_chunks or None  # 0: every chunk generated
-            _synthetic(d, args.requests - n_real, args.seed, 1_700_000_000.0, chunks)
+            _synthetic(d, args.requests - n_real, args.seed, 1_700_000_000.0, args.synthetic_chunks)
         build_s = time.perf_counter() - t0
         spans, size = _spans_bytes(d)
         print(
