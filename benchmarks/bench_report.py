@@ -8,10 +8,10 @@ The run is built half from real traces replayed and half from synthetic ones:
   shifted in time past the previous one (their request spans only: the sweep's engine
   step spans follow wall time, not requests, and are kept once);
 * synthetic: `tracedpush.testing.synthetic` in chunks of 10,000 requests (engine steps
-  and thread samples included), one chunk after the other in time; beyond
-  ``--synthetic-chunks`` chunks (generating one takes minutes), the chunks written are
-  replayed as the real traces are: new trace and request ids, times shifted past the
-  previous copy (span times, events and the engine steps' start times).
+  and thread samples included, about 8 s a chunk), one chunk after the other in time;
+  beyond ``--synthetic-chunks`` chunks, the chunks written are replayed as the real
+  traces are: new trace and request ids, times shifted past the previous copy (span
+  times, events and the engine steps' start times).
 
 Each measured command runs as its own process (`tracedpush report ... --format table`),
 so its wall and CPU time (`wait4`) and peak RSS (its processes' own peaks added, and

@@ -25,9 +25,10 @@ in batches of about one second, with parallel array attributes as the producer d
 from __future__ import annotations
 
 import random
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -160,12 +161,24 @@ def _decode_steps(reqs: Sequence[_Req], mode: str) -> list[_Step]:
     prep = sorted((r.d_desc_prep for r in reqs if r.d_desc_prep), key=lambda x: x[0])
     loaded = sorted(r.d_loaded for r in reqs if r.d_loaded is not None)
     pi = li = 0
+    # t only grows: a request joins `active` (in d_first order) once, and leaves for good
     by_first = sorted(reqs, key=lambda r: r.d_first or 0.0)
+    by_arrival = sorted(reqs, key=lambda r: r.d_arrival or 0.0)
+    # where D's idle loop may wake next: every request's arrival and first decode
+    wakes = sorted(x for r in reqs for x in (r.d_arrival or 0.0, (r.d_first or 0.0) - 1.0))
+    active: list[_Req] = []
+    on_d: list[_Req] = []  # arrived on D, first token not yet (push: waiting for KV)
+    fi = ai = 0
     while t < t_end:
-        active = [r for r in by_first if (r.d_first or 0.0) - 1.0 <= t < r.end - 0.2]
-        waiting = mode == "push" and any(
-            (r.d_arrival or 0.0) <= t < (r.d_first or 0.0) for r in reqs
-        )
+        while fi < len(by_first) and (by_first[fi].d_first or 0.0) - 1.0 <= t:
+            active.append(by_first[fi])
+            fi += 1
+        active = [r for r in active if t < r.end - 0.2]
+        while ai < len(by_arrival) and (by_arrival[ai].d_arrival or 0.0) <= t:
+            on_d.append(by_arrival[ai])
+            ai += 1
+        on_d = [r for r in on_d if t < (r.d_first or 0.0)]
+        waiting = mode == "push" and bool(on_d)
         starts = 0
         load_ms = 0.0
         while pi < len(prep) and prep[pi][0] <= t:
@@ -192,8 +205,10 @@ def _decode_steps(reqs: Sequence[_Req], mode: str) -> list[_Step]:
                 )
                 t += 5.0 if not load_ms else dur + 0.05
                 continue
-            nxt = [x for r in reqs for x in (r.d_arrival or 0.0, (r.d_first or 0.0) - 1.0) if x > t]
-            nxt += [p[0] for p in prep[pi:]] + loaded[li:]
+            # the earliest wake, load start or load end after t (the latter two lists
+            # hold only what is after t: the loops above took the rest)
+            wi = bisect_right(wakes, t)
+            nxt = wakes[wi : wi + 1] + [p[0] for p in prep[pi : pi + 1]] + loaded[li : li + 1]
             if not nxt:
                 break
             t = min(nxt) + 1e-3
@@ -299,6 +314,25 @@ def _span(
 
 def _busy(intervals: Iterable[tuple[float, float]], t0: float, t1: float) -> float:
     return sum(max(min(b, t1) - max(a, t0), 0.0) for a, b in intervals)
+
+
+class _Busy:
+    """`_busy` of fixed intervals, summing only those that may meet [t0, t1): the
+    others add exactly 0.0, so the sum is the same to the last bit, without a pass over
+    every step for every thread sample (which made `generate` quadratic)."""
+
+    def __init__(self, intervals: Sequence[tuple[float, float]]) -> None:
+        self.intervals = list(intervals)
+        self.starts = [a for a, _ in self.intervals]
+        self.ordered = all(x <= y for x, y in zip(self.starts, self.starts[1:], strict=False))
+        self.max_end = list(accumulate((b for _, b in self.intervals), max))
+
+    def __call__(self, t0: float, t1: float) -> float:
+        if not self.ordered:
+            return _busy(self.intervals, t0, t1)
+        lo = bisect_right(self.max_end, t0)  # before lo every interval ends by t0
+        hi = bisect_left(self.starts, t1)  # from hi every interval starts at t1 or later
+        return float(_busy(self.intervals[lo:hi], t0, t1))
 
 
 @dataclass(slots=True)
@@ -420,9 +454,11 @@ def add_process_traces(
 
     t0 = min(r.start for r in reqs) - 500.0
     t1 = max(r.end for r in reqs) + 500.0
-    p_busy = [(s.start, s.start + s.duration) for s in p_steps]
-    d_busy = [(s.start, s.start + s.duration) for s in d_steps]
-    waiting = [(r.d_arrival or r.d_first or 0.0, r.d_first or 0.0) for r in reqs]
+    p_busy = _Busy([(s.start, s.start + s.duration) for s in p_steps])
+    d_busy = _Busy([(s.start, s.start + s.duration) for s in d_steps])
+    waiting = sorted((r.d_arrival or r.d_first or 0.0, r.d_first or 0.0) for r in reqs)
+    waiting_starts = [s for s, _ in waiting]
+    waiting_max_end = list(accumulate((e for _, e in waiting), max))
     arrivals = sorted(r.start for r in reqs)
     writes = sorted(w for r in reqs for w in r.writes)
 
@@ -432,7 +468,9 @@ def add_process_traces(
     def union_waiting(a: float, b: float) -> float:
         # share of [a, b) during which at least one request waits for its KV on D
         covered, cur = 0.0, a
-        for s, e in sorted(waiting):
+        # the others cover nothing of [a, b): all end by a, or start at b or later
+        lo = bisect_right(waiting_max_end, a)
+        for s, e in waiting[lo : bisect_left(waiting_starts, b)]:
             s, e = max(s, cur), min(e, b)
             if e > s:
                 covered += e - s
@@ -446,9 +484,9 @@ def add_process_traces(
         def usage(th: _Thread, a: float, b: float) -> tuple[float, int]:
             core = th.core
             if th.role == "model_runner":
-                return 5.0 + 0.3 * _busy(busy, a, b), core
+                return 5.0 + 0.3 * busy(a, b), core
             if th.role == "compute":
-                return 0.7 * _busy(busy, a, b), core
+                return 0.7 * busy(a, b), core
             if th.role == "api_server":
                 return 8.0 + 1.5 * count(arrivals, a, b), core
             if th.role == "push_writer":
