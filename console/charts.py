@@ -585,7 +585,8 @@ def drawn(rows: Any, y: str, cap: int = MAX_POINTS, slowest: int = SLOWEST) -> A
 
 
 def drawn_note(fig: go.Figure, kind: str) -> str:
-    """ " (drawn: 20,000 of 100,020 push ...)" when a scatter of `kind` left points out."""
+    """What a scatter of `kind` left out, for its caption ("Drawn: 20,000 of 100,020
+    push requests ..."); empty when it drew every request."""
     parts = [
         f"{len(t.customdata):,} of {t.meta['of']:,} {t.meta['mode']}"
         for t in fig.data
