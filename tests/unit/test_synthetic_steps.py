@@ -1,6 +1,6 @@
 """The synthetic generator's engine-step helpers: exactly what they replaced.
 
-`_Busy` sums only the step intervals that may meet a sample window; the full sum
+``_Intervals.busy` sums only the step intervals that may meet a sample window; the full sum
 (`_busy`) is the reference, to the last bit, for ordered and unordered intervals.
 `_decode_steps` keeps D's active and waiting requests as time advances; the version
 that scanned every request for every step (kept below) is its reference, step for step."""
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from tracedpush.testing.synthetic.steps import _Busy, _busy, _decode_steps, _Req, _Step
+from tracedpush.testing.synthetic.steps import _busy, _decode_steps, _Intervals, _Req, _Step
 
 
 def _intervals(rng: random.Random, n: int, ordered: bool) -> list[tuple[float, float]]:
@@ -29,12 +29,12 @@ def test_busy_sums_exactly_what_the_full_sum_does():
     rng = random.Random(11)
     for ordered in (True, False):
         intervals = _intervals(rng, 2_000, ordered)
-        busy = _Busy(intervals)
+        busy = _Intervals(intervals)
         for _ in range(500):
             t0 = rng.uniform(-20.0, 5_100.0)
             t1 = t0 + rng.choice([0.0, 0.5, 10.0, 250.0, 6_000.0])
             want = _busy(intervals, t0, t1)
-            got = busy(t0, t1)
+            got = busy.busy(t0, t1)
             assert got == want and isinstance(got, float), (ordered, t0, t1)
 
 

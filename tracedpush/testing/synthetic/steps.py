@@ -316,10 +316,12 @@ def _busy(intervals: Iterable[tuple[float, float]], t0: float, t1: float) -> flo
     return sum(max(min(b, t1) - max(a, t0), 0.0) for a, b in intervals)
 
 
-class _Busy:
-    """`_busy` of fixed intervals, summing only those that may meet [t0, t1): the
-    others add exactly 0.0, so the sum is the same to the last bit, without a pass over
-    every step for every thread sample (which made `generate` quadratic)."""
+class _Intervals:
+    """Fixed intervals, and those of them that may meet a window [t0, t1): the others
+    end by t0 or start at t1 or later, so they add exactly 0.0 to a busy sum and cover
+    nothing of a union. Asking only those spares a pass over every step or request for
+    every thread sample (which made `generate` quadratic), with the same result to the
+    last bit."""
 
     def __init__(self, intervals: Sequence[tuple[float, float]]) -> None:
         self.intervals = list(intervals)
@@ -327,12 +329,17 @@ class _Busy:
         self.ordered = all(x <= y for x, y in zip(self.starts, self.starts[1:], strict=False))
         self.max_end = list(accumulate((b for _, b in self.intervals), max))
 
-    def __call__(self, t0: float, t1: float) -> float:
+    def meeting(self, t0: float, t1: float) -> list[tuple[float, float]]:
+        """The intervals that may meet [t0, t1), in their order (all when unordered)."""
         if not self.ordered:
-            return _busy(self.intervals, t0, t1)
+            return self.intervals
         lo = bisect_right(self.max_end, t0)  # before lo every interval ends by t0
         hi = bisect_left(self.starts, t1)  # from hi every interval starts at t1 or later
-        return float(_busy(self.intervals[lo:hi], t0, t1))
+        return self.intervals[lo:hi]
+
+    def busy(self, t0: float, t1: float) -> float:
+        """`_busy` of all the intervals."""
+        return float(_busy(self.meeting(t0, t1), t0, t1))
 
 
 @dataclass(slots=True)
@@ -454,11 +461,9 @@ def add_process_traces(
 
     t0 = min(r.start for r in reqs) - 500.0
     t1 = max(r.end for r in reqs) + 500.0
-    p_busy = _Busy([(s.start, s.start + s.duration) for s in p_steps])
-    d_busy = _Busy([(s.start, s.start + s.duration) for s in d_steps])
-    waiting = sorted((r.d_arrival or r.d_first or 0.0, r.d_first or 0.0) for r in reqs)
-    waiting_starts = [s for s, _ in waiting]
-    waiting_max_end = list(accumulate((e for _, e in waiting), max))
+    p_busy = _Intervals([(s.start, s.start + s.duration) for s in p_steps])
+    d_busy = _Intervals([(s.start, s.start + s.duration) for s in d_steps])
+    waiting = _Intervals(sorted((r.d_arrival or r.d_first or 0.0, r.d_first or 0.0) for r in reqs))
     arrivals = sorted(r.start for r in reqs)
     writes = sorted(w for r in reqs for w in r.writes)
 
@@ -468,9 +473,7 @@ def add_process_traces(
     def union_waiting(a: float, b: float) -> float:
         # share of [a, b) during which at least one request waits for its KV on D
         covered, cur = 0.0, a
-        # the others cover nothing of [a, b): all end by a, or start at b or later
-        lo = bisect_right(waiting_max_end, a)
-        for s, e in waiting[lo : bisect_left(waiting_starts, b)]:
+        for s, e in waiting.meeting(a, b):
             s, e = max(s, cur), min(e, b)
             if e > s:
                 covered += e - s
@@ -484,9 +487,9 @@ def add_process_traces(
         def usage(th: _Thread, a: float, b: float) -> tuple[float, int]:
             core = th.core
             if th.role == "model_runner":
-                return 5.0 + 0.3 * busy(a, b), core
+                return 5.0 + 0.3 * busy.busy(a, b), core
             if th.role == "compute":
-                return 0.7 * busy(a, b), core
+                return 0.7 * busy.busy(a, b), core
             if th.role == "api_server":
                 return 8.0 + 1.5 * count(arrivals, a, b), core
             if th.role == "push_writer":
