@@ -99,6 +99,18 @@ def test_a_small_scatter_draws_every_request_and_says_nothing():
     fig = charts.requests_scatter(table)
     assert len(fig.data[0].customdata) == 500
     assert charts.drawn_note(fig, "requests") == ""
-    live = charts.window_ttft(_table(charts.MAX_POINTS + 1, "pull"))
-    assert len(live.data[0].customdata) == charts.MAX_POINTS
-    assert "of 20,001 pull" in charts.drawn_note(live, "window_ttft")
+    live = charts.window_ttft(_table(charts.LIVE_POINTS, "pull"))
+    assert len(live.data[0].customdata) == charts.LIVE_POINTS
+    assert charts.drawn_note(live, "window_ttft") == ""
+
+
+def test_the_live_scatter_draws_fewer_points_keeping_the_slowest():
+    """The Live page redraws at every refresh: its cap is `LIVE_POINTS`, below the
+    overview's, and still keeps every one of the slowest requests."""
+    table = _table(charts.LIVE_POINTS * 4 + 1, "pull")
+    live = charts.window_ttft(table)
+    (trace,) = live.data
+    ids = [row[0] for row in trace.customdata]
+    assert len(ids) == len(set(ids)) == charts.LIVE_POINTS < charts.MAX_POINTS
+    assert set(table.nlargest(charts.SLOWEST, "ttft_ms")["request_id"]) <= set(ids)
+    assert "Drawn: 5,000 of 20,001 pull requests" in charts.drawn_note(live, "window_ttft")
