@@ -195,6 +195,40 @@ def test_breakdown_over_arrays_equals_the_step_walk(
     assert checked >= 300
 
 
+def test_shares_over_arrays_equal_the_scalar_shares() -> None:
+    """`index_steps.shares` against `tpot.shares` where they could part: sums over the
+    TPOT (scaled down to it), a TPOT of 0 or below, 0 or 1 tokens, empty windows, and
+    values whose float rounding differs with the order of operations."""
+    from tracedpush.analysis.tpot import shares
+
+    rng = random.Random(7)
+    rows = [
+        (3e6, 1e6, 5e5, 2.0, 1),  # over the TPOT: scaled, scheduling 0
+        (3e6, 1e6, 5e5, 0.0, 1),  # TPOT 0: not scaled
+        (3e6, 1e6, 5e5, -1.0, 3),
+        (0.0, 0.0, 0.0, 5.0, 0),  # no step in the window, no token
+        (1e6, 0.0, 0.0, 1.0, 1),  # exactly the TPOT
+    ]
+    for _ in range(2000):
+        rows.append(
+            (
+                rng.uniform(0, 1e8) * rng.choice([0, 1]),
+                rng.uniform(0, 1e7),
+                rng.uniform(0, 1e6) / 3,
+                rng.choice([rng.uniform(0, 50), 0.1 + rng.random() / 7]),
+                rng.randrange(0, 300),
+            )
+        )
+    fwd, extra, conn, tp, tokens = (list(x) for x in zip(*rows, strict=True))
+    got = index_steps.shares(np.array(fwd), np.array(extra), np.array(conn), tp, tokens)
+    want = [shares(*row) for row in rows]
+    assert got == want
+    assert [list(d) for d in got] == [list(d) for d in want]  # the keys' order too
+    assert any(
+        d["scheduling and other"] == 0.0 and r[3] > 0 for d, r in zip(got, rows, strict=True)
+    )
+
+
 def test_report_of_some_traces_through_the_index(
     tmp_path: Path, gen: synthetic.SyntheticRun
 ) -> None:
