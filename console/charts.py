@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -665,6 +666,52 @@ def box_stats(values: Any) -> dict[str, float]:
     }
 
 
+@dataclass(frozen=True)
+class BoxPart:
+    """One phase's box for one mode: its statistics (`box_stats`) and its ``top``
+    largest values with their (request id, trace id)."""
+
+    phase: str
+    mode: str
+    stats: dict[str, float]
+    top_ms: np.ndarray
+    top_ids: np.ndarray
+
+
+@dataclass(frozen=True)
+class PhaseBoxes:
+    """What `phase_boxes` draws, computed from a frame of every request's phases
+    (`phase_box_parts`): kept apart from the figure so a page can keep it per snapshot."""
+
+    order: list[str]  # phases, in `phase_order`
+    modes: list[str]
+    parts: list[BoxPart]
+    top: int
+
+
+def phase_box_parts(frame: Any, value: str = "ms", top: int = 10) -> PhaseBoxes:
+    """Each (phase, mode)'s box statistics and its ``top`` largest values: the work of
+    `phase_boxes` (0.6 s over the 3 million rows of 200,000 requests), not its drawing."""
+    if frame is None or len(frame) == 0:
+        return PhaseBoxes([], [], [], top)
+    order = phase_order(frame["phase"].unique())
+    modes = mode_order(frame["mode"].unique())
+    groups = dict(iter(frame.groupby(["phase", "mode"], sort=False)))
+    parts = []
+    for phase in order:
+        for mode in modes:
+            part = groups.get((phase, mode))
+            if part is None:
+                continue
+            stats = box_stats(part[value].to_numpy(dtype="float64"))
+            if not stats["n"]:
+                continue
+            worst = part.nlargest(top, value)
+            ids = worst[["request_id", "trace_id"]].to_numpy()
+            parts.append(BoxPart(phase, mode, stats, worst[value].to_numpy(), ids))
+    return PhaseBoxes(order, modes, parts, top)
+
+
 def phase_boxes(frame: Any, value: str = "ms", columns: int = 4, top: int = 10) -> go.Figure:
     """Distribution of each phase's duration per mode: one small box plot per phase (own
     y scale, since prefill dwarfs the rest), and each box's ``top`` largest values as
@@ -674,10 +721,14 @@ def phase_boxes(frame: Any, value: str = "ms", columns: int = 4, top: int = 10) 
     statistics (`box_stats`), not its values: at 200,000 requests a page of boxes was
     3.4 million values that the browser sorted to draw them (11 s in Chromium, against
     a 3 s target). The whiskers reach the smallest and largest value."""
-    if frame is None or len(frame) == 0:
+    return draw_phase_boxes(phase_box_parts(frame, value, top), columns)
+
+
+def draw_phase_boxes(boxes: PhaseBoxes, columns: int = 4) -> go.Figure:
+    """The figure of `phase_boxes` from its parts (`phase_box_parts`)."""
+    if not boxes.parts:
         return _empty("no phases")
-    order = phase_order(frame["phase"].unique())
-    modes = mode_order(frame["mode"].unique())
+    order, modes = boxes.order, boxes.modes
     rows = -(-len(order) // columns)
     fig = make_subplots(
         rows=rows,
@@ -686,45 +737,38 @@ def phase_boxes(frame: Any, value: str = "ms", columns: int = 4, top: int = 10) 
         horizontal_spacing=0.05,
         vertical_spacing=0.3 / rows,
     )
-    groups = dict(iter(frame.groupby(["phase", "mode"], sort=False)))
-    for i, phase in enumerate(order):
+    first = {p.mode: p.phase for p in reversed(boxes.parts)}  # a legend entry per mode
+    for p in boxes.parts:
+        i = order.index(p.phase)
         cell = {"row": i // columns + 1, "col": i % columns + 1}
-        for mode in modes:
-            part = groups.get((phase, mode))
-            if part is None:
-                continue
-            color = MODE_COLORS.get(mode, "#7f7f7f")
-            stats = box_stats(part[value].to_numpy(dtype="float64"))
-            if not stats["n"]:
-                continue
-            fig.add_trace(
-                go.Box(
-                    x=[mode],
-                    **{k: [v] for k, v in stats.items() if k != "n"},
-                    name=mode,
-                    legendgroup=mode,
-                    showlegend=i == 0,
-                    marker_color=color,
-                    meta={"kind": "phase_box", "mode": mode, "phase": phase, "n": stats["n"]},
-                ),
-                **cell,
-            )
-            worst = part.nlargest(top, value)
-            fig.add_trace(
-                go.Scatter(
-                    x=[mode] * len(worst),
-                    y=worst[value].to_numpy(),
-                    mode="markers",
-                    name=f"{mode} slowest",
-                    legendgroup=mode,
-                    showlegend=False,
-                    marker={"color": color, "size": 6, "symbol": "circle-open"},
-                    customdata=worst[["request_id", "trace_id"]].to_numpy(),
-                    hovertemplate="%{customdata[0]}: %{y:.2f} ms<extra>" + phase + "</extra>",
-                    meta={"kind": "phase_top", "mode": mode, "phase": phase},
-                ),
-                **cell,
-            )
+        color = MODE_COLORS.get(p.mode, "#7f7f7f")
+        fig.add_trace(
+            go.Box(
+                x=[p.mode],
+                **{k: [v] for k, v in p.stats.items() if k != "n"},
+                name=p.mode,
+                legendgroup=p.mode,
+                showlegend=first[p.mode] == p.phase,
+                marker_color=color,
+                meta={"kind": "phase_box", "mode": p.mode, "phase": p.phase, "n": p.stats["n"]},
+            ),
+            **cell,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=[p.mode] * len(p.top_ms),
+                y=p.top_ms,
+                mode="markers",
+                name=f"{p.mode} slowest",
+                legendgroup=p.mode,
+                showlegend=False,
+                marker={"color": color, "size": 6, "symbol": "circle-open"},
+                customdata=p.top_ids,
+                hovertemplate="%{customdata[0]}: %{y:.2f} ms<extra>" + p.phase + "</extra>",
+                meta={"kind": "phase_top", "mode": p.mode, "phase": p.phase},
+            ),
+            **cell,
+        )
     fig.update_xaxes(showticklabels=False, type="category", categoryorder="array",
                      categoryarray=modes)  # fmt: skip
     fig.update_yaxes(rangemode="tozero", tickfont={"size": 10})
@@ -734,7 +778,7 @@ def phase_boxes(frame: Any, value: str = "ms", columns: int = 4, top: int = 10) 
         margin={"l": 10, "r": 10, "t": 70, "b": 10},
         legend={"orientation": "h", "yref": "container", "y": 1, "yanchor": "top", "x": 0},
         clickmode="event+select",
-        meta={"kind": "phase_boxes", "top": top},
+        meta={"kind": "phase_boxes", "top": boxes.top},
     )
     return fig
 

@@ -38,8 +38,9 @@ if frame.empty:
     st.stop()
 
 st.subheader(f"{what.capitalize()} per phase (ms)")
+boxes = snap.memo(("phase_boxes", what, tuple(modes)), lambda: charts.phase_box_parts(frame))
 st.plotly_chart(
-    charts.phase_boxes(frame),
+    charts.draw_phase_boxes(boxes),
     key="phase_boxes",
     on_select=lambda: ui.follow_click("phase_boxes"),
     selection_mode="points",

@@ -114,3 +114,40 @@ def test_the_live_scatter_draws_fewer_points_keeping_the_slowest():
     assert len(ids) == len(set(ids)) == charts.LIVE_POINTS < charts.MAX_POINTS
     assert set(table.nlargest(charts.SLOWEST, "ttft_ms")["request_id"]) <= set(ids)
     assert "Drawn: 5,000 of 20,001 pull requests" in charts.drawn_note(live, "window_ttft")
+
+
+def test_every_mode_has_one_legend_entry_even_without_the_first_phase():
+    """The legend names each mode once, on its first box: pull has no box of the first
+    phase (WRITE is push's only) and is still in the legend."""
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        {
+            "phase": ["WRITE", "WRITE", "NETWORK", "NETWORK", "READ"],
+            "mode": ["push", "push", "push", "pull", "pull"],
+            "ms": [1.0, 2.0, 0.5, 0.7, 3.0],
+            "request_id": [f"r{i}" for i in range(5)],
+            "trace_id": [f"{i:032x}" for i in range(5)],
+        }
+    )
+    boxes = charts.phase_box_parts(frame)
+    assert boxes.order[0] == "WRITE" and [p.mode for p in boxes.parts if p.phase == "WRITE"] == [
+        "push"
+    ]
+    fig = charts.draw_phase_boxes(boxes)
+    shown = [t.name for t in fig.data if t.showlegend]
+    assert sorted(shown) == ["pull", "push"]
+
+
+def test_a_snapshot_keeps_what_pages_derive_once_per_key():
+    from tracedpush.console.data import Snapshot
+    from tracedpush.console.source import Source
+
+    made = []
+    snap = Snapshot(Source("traces", "x"), 1, SimpleNamespace(requests=[]), None)
+    for _ in range(3):
+        assert snap.memo(("a", 1), lambda: made.append("a") or "A") == "A"
+    assert snap.memo(("b", 1), lambda: made.append("b") or "B") == "B"
+    assert made == ["a", "b"]
+    fresh = Snapshot(Source("traces", "x"), 2, SimpleNamespace(requests=[]), None)
+    assert fresh.memo(("a", 1), lambda: "A2") == "A2"  # a refresh's snapshot makes its own

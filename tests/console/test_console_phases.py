@@ -92,3 +92,15 @@ def test_no_mode_selected_is_a_message(app, traces):
     at.multiselect(key="phases_modes").set_value([]).run()
     no_exception(at)
     assert any("No phases" in i.value for i in at.info)
+
+
+def test_one_mode_chosen_after_both_draws_only_that_mode(app, traces):
+    """The boxes are kept per snapshot (`Snapshot.memo`) by measure and modes: a page
+    that showed both modes, then one, draws that one's boxes only."""
+    at = app(traces=traces[0], page="views/phases.py")
+    assert traces_of(figure(at, "phase_box"), kind="phase_box", mode="pull")
+    at.multiselect(key="phases_modes").set_value(["push"]).run()
+    no_exception(at)
+    fig = figure(at, "phase_box")
+    assert traces_of(fig, kind="phase_box", mode="push")
+    assert not traces_of(fig, kind="phase_box", mode="pull")
