@@ -574,6 +574,7 @@ SLOWEST = 1_000  # of those, the largest values are always drawn: the points use
 # its 40,000 requests of a busy 5-minute window were 0.9 s of the server's time per
 # refresh and 3.5 s to the first render in Chromium.
 LIVE_POINTS = 5_000
+LIVE_COLUMNS = ("mode", "ttft_ms", "start_unix_ms", "request_id")  # what `window_ttft` reads
 
 
 def drawn(rows: Any, y: str, cap: int = MAX_POINTS, slowest: int = SLOWEST) -> Any:
@@ -785,8 +786,9 @@ def draw_phase_boxes(boxes: PhaseBoxes, columns: int = 4) -> go.Figure:
 
 def window_ttft(table: Any, cap: int = LIVE_POINTS) -> go.Figure:
     """TTFT of each request in a time window against its arrival time (Live page), at
-    most `cap` points per mode (`drawn`). Points carry only the request id, for the
-    hover: nothing on this chart opens a timeline."""
+    most `cap` points per mode (`drawn`). ``table``: the columns of `LIVE_COLUMNS`. Points
+    carry only the request id, for the hover (nothing on this chart opens a timeline),
+    as a list: Plotly deep-copies an object array element by element."""
     fig = go.Figure()
     if table is None or len(table) == 0:
         return _empty("no requests in this window")
@@ -800,8 +802,8 @@ def window_ttft(table: Any, cap: int = LIVE_POINTS) -> go.Figure:
                 mode="markers",
                 name=str(mode),
                 marker={"color": MODE_COLORS.get(str(mode), "#7f7f7f"), "size": 6},
-                customdata=rows[["request_id"]].to_numpy(),
-                hovertemplate="%{customdata[0]}: TTFT %{y:.1f} ms<extra>%{x}</extra>",
+                customdata=rows["request_id"].tolist(),
+                hovertemplate="%{customdata}: TTFT %{y:.1f} ms<extra>%{x}</extra>",
                 meta={"kind": "window_ttft", "mode": str(mode), "of": len(every)},
             )
         )

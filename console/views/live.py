@@ -71,7 +71,8 @@ def live() -> None:
             or "no TTFT yet"
         )
 
-    scatter = charts.window_ttft(pd.DataFrame(window.table_columns() or window.table()))
+    columns = window.table_columns(charts.LIVE_COLUMNS) or window.table()
+    scatter = charts.window_ttft(pd.DataFrame(columns))
     st.plotly_chart(scatter, key="live_ttft")
     if note := charts.drawn_note(scatter, "window_ttft"):
         st.caption(note.strip())

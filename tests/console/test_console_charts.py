@@ -110,7 +110,7 @@ def test_the_live_scatter_draws_fewer_points_keeping_the_slowest():
     table = _table(charts.LIVE_POINTS * 4 + 1, "pull")
     live = charts.window_ttft(table)
     (trace,) = live.data
-    ids = [row[0] for row in trace.customdata]
+    ids = list(trace.customdata)
     assert len(ids) == len(set(ids)) == charts.LIVE_POINTS < charts.MAX_POINTS
     assert set(table.nlargest(charts.SLOWEST, "ttft_ms")["request_id"]) <= set(ids)
     assert "Drawn: 5,000 of 20,001 pull requests" in charts.drawn_note(live, "window_ttft")

@@ -120,6 +120,11 @@ def test_a_window_of_the_index_run_is_its_columns_not_its_requests(
     assert plain.columns() is None and len(window) == len(plain) == len(at)
     assert compare(window).to_json() == compare(plain).to_json()
     assert window.table_columns() == _by_column(plain.table(), window.table_columns())
+    phase = next(k for k in window.table_columns() if k.startswith("critical_ms."))
+    some = ("mode", "ttft_ms", phase, "request_id")  # only those, as they are
+    got = window.table_columns(some)
+    assert got is not None and sorted(got) == sorted(some)
+    assert got == {k: v for k, v in window.table_columns().items() if k in some}
     assert run.requests.loaded == 0  # nothing read so far
     assert window.requests[0] == want.requests[at[0]] and run.requests.loaded == 1
     assert window.get(want.requests[at[-1]].trace_id) == want.requests[at[-1]]

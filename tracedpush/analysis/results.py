@@ -6,7 +6,7 @@ Data only: the JSON format is rendered by `report_json`, the text report by `rep
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
 
@@ -309,11 +309,11 @@ class RunAnalysis:
         and ``critical_ms.<phase>`` per phase on the critical path (absent: 0 ms)."""
         return [r.row() for r in self.requests]
 
-    def table_columns(self) -> dict[str, list[Any]] | None:
+    def table_columns(self, names: Collection[str] | None = None) -> dict[str, list[Any]] | None:
         """`table()` by column when the columns are known (reads no request of the
-        analysis index); None otherwise."""
+        analysis index), only the columns `names` if given; None otherwise."""
         cols = self.columns()
-        return None if cols is None else cols.table()
+        return None if cols is None else cols.table(names)
 
     def sampling(self) -> Sampling:
         """The ratios the traces were sampled at, and which traces the comparison's
