@@ -565,15 +565,14 @@ def ttft_delta(cmp: Any, bucket: str = ALL, load: str = ALL) -> go.Figure:
     return fig
 
 
-# Points per mode a request scatter draws. Each point carries its ids (click -> timeline):
-# 200,000 requests were megabytes of JSON for the browser to parse and draw (Chromium
-# took 5.9 s for the overview), and beyond some thousands more points add no picture.
-MAX_POINTS = 20_000
+# Points per mode a request scatter draws (overview and Live). Each point carries its
+# ids (click -> timeline): 200,000 requests were megabytes of JSON for the browser to
+# parse and draw (Chromium took 5.9 s for the overview), and beyond some thousands more
+# points add no picture. Overview in Chromium at 200,000 requests, median of 8 visits,
+# ABBA: 20,000 points a mode 3.1 / 3.5 s, 10,000 2.5 / 2.7 s, 5,000 2.6 / 2.3 s, 2,000
+# 2.0 / 2.2 s. The Live page draws its window again at every refresh (2 s by default).
+MAX_POINTS = 5_000
 SLOWEST = 1_000  # of those, the largest values are always drawn: the points users click
-# The Live page draws again at every refresh (every 2 s by default), so it sends fewer:
-# its 40,000 requests of a busy 5-minute window were 0.9 s of the server's time per
-# refresh and 3.5 s to the first render in Chromium.
-LIVE_POINTS = 5_000
 LIVE_COLUMNS = ("mode", "ttft_ms", "start_unix_ms", "request_id")  # what `window_ttft` reads
 
 
@@ -591,7 +590,7 @@ def drawn(rows: Any, y: str, cap: int = MAX_POINTS, slowest: int = SLOWEST) -> A
 
 
 def drawn_note(fig: go.Figure, kind: str) -> str:
-    """What a scatter of `kind` left out, for its caption ("Drawn: 20,000 of 100,020
+    """What a scatter of `kind` left out, for its caption ("Drawn: 5,000 of 100,020
     push requests ..."); empty when it drew every request."""
     parts = [
         f"{len(t.customdata):,} of {t.meta['of']:,} {t.meta['mode']}"
@@ -784,7 +783,7 @@ def draw_phase_boxes(boxes: PhaseBoxes, columns: int = 4) -> go.Figure:
     return fig
 
 
-def window_ttft(table: Any, cap: int = LIVE_POINTS) -> go.Figure:
+def window_ttft(table: Any, cap: int = MAX_POINTS) -> go.Figure:
     """TTFT of each request in a time window against its arrival time (Live page), at
     most `cap` points per mode (`drawn`). ``table``: the columns of `LIVE_COLUMNS`. Points
     carry only the request id, for the hover (nothing on this chart opens a timeline),

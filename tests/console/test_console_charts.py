@@ -91,7 +91,7 @@ def test_a_big_scatter_draws_the_slowest_and_an_even_sample():
     rest = [int(t, 16) for t in ids if t not in slowest]
     fifths = np.bincount(np.array(rest) * 5 // len(table), minlength=5)
     assert fifths.min() >= 0.95 * len(rest) / 5
-    assert "Drawn: 20,000 of 100,000 push requests" in charts.drawn_note(fig, "requests")
+    assert "Drawn: 5,000 of 25,000 push requests" in charts.drawn_note(fig, "requests")
 
 
 def test_a_small_scatter_draws_every_request_and_says_nothing():
@@ -99,19 +99,19 @@ def test_a_small_scatter_draws_every_request_and_says_nothing():
     fig = charts.requests_scatter(table)
     assert len(fig.data[0].customdata) == 500
     assert charts.drawn_note(fig, "requests") == ""
-    live = charts.window_ttft(_table(charts.LIVE_POINTS, "pull"))
-    assert len(live.data[0].customdata) == charts.LIVE_POINTS
+    live = charts.window_ttft(_table(charts.MAX_POINTS, "pull"))
+    assert len(live.data[0].customdata) == charts.MAX_POINTS
     assert charts.drawn_note(live, "window_ttft") == ""
 
 
-def test_the_live_scatter_draws_fewer_points_keeping_the_slowest():
-    """The Live page redraws at every refresh: its cap is `LIVE_POINTS`, below the
-    overview's, and still keeps every one of the slowest requests."""
-    table = _table(charts.LIVE_POINTS * 4 + 1, "pull")
+def test_the_live_scatter_draws_a_sample_keeping_the_slowest():
+    """The Live page's scatter is capped as the overview's, and keeps every one of the
+    slowest requests."""
+    table = _table(charts.MAX_POINTS * 4 + 1, "pull")
     live = charts.window_ttft(table)
     (trace,) = live.data
     ids = list(trace.customdata)
-    assert len(ids) == len(set(ids)) == charts.LIVE_POINTS < charts.MAX_POINTS
+    assert len(ids) == len(set(ids)) == charts.MAX_POINTS
     assert set(table.nlargest(charts.SLOWEST, "ttft_ms")["request_id"]) <= set(ids)
     assert "Drawn: 5,000 of 20,001 pull requests" in charts.drawn_note(live, "window_ttft")
 
