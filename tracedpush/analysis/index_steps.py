@@ -230,18 +230,17 @@ def split_tpot(
             eid = only
         if arrays[eid] is not None:  # no worker records: no breakdown
             by_engine.setdefault(eid, []).append(i)
+    n = np.array(tokens, dtype=np.int64)
+    per = np.array(tpot_ms, dtype=float)
+    # `tpot.windows`' rounding: Python's round and rint both round half to even
+    t0 = np.array(origin, dtype=np.int64) + np.rint(np.array(ttft) * 1e6).astype(np.int64)
+    t1 = t0 + np.rint(per * (n - 1) * 1e6).astype(np.int64)
     for eid, rows in by_engine.items():
         arr = arrays[eid]
         assert arr is not None
         at = np.array(rows)
-        n = np.array(tokens)[at]
-        per = np.array(tpot_ms, dtype=float)[at]
-        # `tpot.windows`' rounding: Python's round and rint both round half to even
-        t0 = np.array(origin, dtype=np.int64)[at] + np.rint(
-            np.array(ttft, dtype=float)[at] * 1e6
-        ).astype(np.int64)
-        t1 = t0 + np.rint(per * (n - 1) * 1e6).astype(np.int64)
-        for i, bd in zip(rows, breakdowns(arr, t0, t1, per, n - 1, got.solo[eid]), strict=True):
+        split = breakdowns(arr, t0[at], t1[at], per[at], n[at] - 1, got.solo[eid])
+        for i, bd in zip(rows, split, strict=True):
             out[tids[i]] = bd
     return out
 

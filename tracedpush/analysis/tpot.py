@@ -156,8 +156,9 @@ def windows(
 ) -> Iterator[tuple[Any, str, int, int]]:
     """(request, decode engine, t0, t1): each request with a TPOT and its decode window
     in ns on the reference clock, on its decode engine among `engines` (the only decode
-    engine when its trace names none of them). Shared by `attach_facts` and the analysis
-    index's array split, so both pick the same requests and windows."""
+    engine when its trace names none of them). The analysis index's split
+    (`index_steps.split_tpot`) applies these rules over arrays; the index's equality
+    tests (tests/unit/test_analysis_index.py) hold the two together."""
     for r in requests:
         if r.tpot_ms is None or not r.output_tokens or r.output_tokens < 2 or r.ttft_ms is None:
             continue
