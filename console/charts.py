@@ -680,7 +680,7 @@ class BoxPart:
 
 @dataclass(frozen=True)
 class PhaseBoxes:
-    """What `phase_boxes` draws, computed from a frame of every request's phases
+    """What `draw_phase_boxes` draws, computed from a frame of every request's phases
     (`phase_box_parts`): kept apart from the figure so a page can keep it per snapshot."""
 
     order: list[str]  # phases, in `phase_order`
@@ -690,8 +690,9 @@ class PhaseBoxes:
 
 
 def phase_box_parts(frame: Any, value: str = "ms", top: int = 10) -> PhaseBoxes:
-    """Each (phase, mode)'s box statistics and its ``top`` largest values: the work of
-    `phase_boxes` (0.6 s over the 3 million rows of 200,000 requests), not its drawing."""
+    """Each (phase, mode)'s box statistics and its ``top`` largest values, from a frame
+    with columns phase, mode, `value`, request_id, trace_id: the work behind
+    `draw_phase_boxes` (0.6 s over the 3 million rows of 200,000 requests)."""
     if frame is None or len(frame) == 0:
         return PhaseBoxes([], [], [], top)
     order = phase_order(frame["phase"].unique())
@@ -712,20 +713,15 @@ def phase_box_parts(frame: Any, value: str = "ms", top: int = 10) -> PhaseBoxes:
     return PhaseBoxes(order, modes, parts, top)
 
 
-def phase_boxes(frame: Any, value: str = "ms", columns: int = 4, top: int = 10) -> go.Figure:
-    """Distribution of each phase's duration per mode: one small box plot per phase (own
-    y scale, since prefill dwarfs the rest), and each box's ``top`` largest values as
-    points that carry their request (click one to open its timeline).
-
-    ``frame`` columns: phase, mode, ms, request_id, trace_id. Each box travels as its
-    statistics (`box_stats`), not its values: at 200,000 requests a page of boxes was
-    3.4 million values that the browser sorted to draw them (11 s in Chromium, against
-    a 3 s target). The whiskers reach the smallest and largest value."""
-    return draw_phase_boxes(phase_box_parts(frame, value, top), columns)
-
-
 def draw_phase_boxes(boxes: PhaseBoxes, columns: int = 4) -> go.Figure:
-    """The figure of `phase_boxes` from its parts (`phase_box_parts`)."""
+    """Distribution of each phase's duration per mode, from `phase_box_parts`: one small
+    box plot per phase (own y scale, since prefill dwarfs the rest), and each box's
+    largest values as points that carry their request (click one to open its timeline).
+
+    Each box travels as its statistics (`box_stats`), not its values: at 200,000
+    requests a page of boxes was 3.4 million values that the browser sorted to draw
+    them (11 s in Chromium, against a 3 s target). The whiskers reach the smallest and
+    largest value."""
     if not boxes.parts:
         return _empty("no phases")
     order, modes = boxes.order, boxes.modes
