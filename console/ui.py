@@ -121,6 +121,12 @@ def load_notes(snap: data.Snapshot) -> None:
             f"{stats.partial} trace file(s) end in a half-written line; it is read once "
             "the writer finishes it (Reload or the Live page)."
         )
+    if snap.behind:
+        st.caption(
+            f"The clock offsets moved: {snap.behind:,} older requests are still analysed "
+            f"with the previous ones; Reload or the Live page analyses them again, "
+            f"{data.REANALYSE_PER_REFRESH:,} a refresh, newest first."
+        )
 
 
 # ------------------------------------------------------------------ selection

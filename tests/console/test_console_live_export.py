@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 
 import pandas as pd
 
 from tracedpush.analysis import TraceStore, analyze, compare, to_perfetto
-from tracedpush.console import export
+from tracedpush.console import data, export
+from tracedpush.testing import synthetic
 from tracedpush.testing.console import no_exception
 from tracedpush.testing.synthetic import generate
 
@@ -38,6 +40,45 @@ def test_live_picks_up_new_traces(app, tmp_path):
     assert _metrics(at)["push requests"] == "50"
     assert _metrics(at)["pull requests"] == "50"
     assert any("+" in c.value and "spans" in c.value for c in at.caption)
+
+
+def test_live_catches_up_when_the_clocks_move(app, tmp_path, monkeypatch):
+    """New traces that move the clock offsets: each Live refresh analyses the earlier
+    requests again a few at a time (not all at once), says how many are still on the
+    previous offsets, and ends on `analyze()`'s figures."""
+    monkeypatch.setattr(data, "REANALYSE_PER_REFRESH", 5)
+    hosts = {
+        synthetic.PROXY_INSTANCE: "h-proxy",
+        synthetic.PREFILL_INSTANCE: "h-prefill",
+        synthetic.DECODE_INSTANCE: "h-decode",
+    }
+    now = time.time()
+    first = {synthetic.DECODE_INSTANCE: 20.0}
+    generate(40, seed=11, start_unix_s=now - 240, clock_offsets_ms=first, hosts=hosts).write(
+        tmp_path / "first"
+    )
+    at = app(traces=tmp_path, page="views/live.py")
+    no_exception(at)
+    later = {synthetic.DECODE_INSTANCE: 16.0}  # D's clock 4 ms less ahead: offsets move
+    generate(10, seed=12, start_unix_s=now - 60, clock_offsets_ms=later, hosts=hosts).write(
+        tmp_path / "second"
+    )
+    behind = []
+    for _ in range(60):
+        at.run()
+        caption = " ".join(c.value for c in at.caption)
+        got = re.search(r"([\d,]+) older requests are still analysed", caption)
+        behind.append(int(got.group(1).replace(",", "")) if got else 0)
+        if _metrics(at)["push requests"] == "25" and not got:
+            break
+        time.sleep(0.1)
+    no_exception(at)
+    assert _metrics(at)["push requests"] == "25"
+    caught_up = [n for n in behind if n]
+    assert caught_up and caught_up[0] >= 30  # 40 moved, 5 a refresh
+    assert caught_up == sorted(caught_up, reverse=True) and behind[-1] == 0
+    p50 = compare(analyze(TraceStore.from_path(tmp_path))).overall.ttft["push"]["p50"]
+    assert any(f"{p50:,.1f} ms" in md.value for md in at.markdown)
 
 
 def test_live_window_excludes_old_requests(app, tmp_path):

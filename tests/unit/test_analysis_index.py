@@ -567,6 +567,70 @@ def test_an_update_writes_the_new_traces_not_the_run(tmp_path: Path) -> None:
     idx.close()
 
 
+def test_moved_offsets_are_caught_up_within_a_budget(tmp_path: Path) -> None:
+    """When the clock offsets move, a Live refresh (``update(reanalyse_at_most=N)``)
+    analyses the new traces and at most N of the earlier ones they moved, newest
+    first; later updates catch up N at a time with nothing new; once none is behind,
+    the run equals `analyze()`. An index closed while behind catches up when opened
+    again, and ``update()`` without a budget catches up at once."""
+    skew_ms = {synthetic.DECODE_INSTANCE: 20.0, synthetic.PREFILL_INSTANCE: -8.0}
+    gen = synthetic.generate(60, seed=21, batch=4, clock_offsets_ms=skew_ms, hosts=UNTIED)
+    pieces = _pieces(gen.documents)
+    roots = [p[2]["traceId"] for p in pieces if p[2]["name"] == sc.SPAN_REQUEST]
+    late = set(roots[45:])
+    first, second = [], []
+    for piece in pieces:
+        if piece[2]["traceId"] not in late:
+            first.append(piece)
+        elif _service(piece) == sc.SERVICE_DECODE:  # a new lowest slack: offsets move
+            second.append(_moved(piece, -4_000_000))
+        else:
+            second.append(piece)
+    d = tmp_path / "traces"
+    d.mkdir()
+    (d / "run.jsonl").write_text("".join(map(_line, first)))
+    idx = AnalysisIndex([d], index_dir=tmp_path / "index")
+    before = idx.update(reanalyse_at_most=4).clock_offsets
+    assert idx.behind == 0 and idx.last_reanalysed == 45
+    seq = {t: k.facts.seq for t, k in idx._kept.items() if k.facts.res}  # requests
+    with (d / "run.jsonl").open("a") as fh:
+        fh.writelines(map(_line, second))
+    moved = idx.update(reanalyse_at_most=4).clock_offsets
+    assert moved[synthetic.DECODE_INSTANCE].offset_ms != before[synthetic.DECODE_INSTANCE].offset_ms
+    assert idx.last_reanalysed == 15 + 4 and idx.behind == 45 - 4
+    # the newest earlier requests first
+    redone = [t for t in idx._stale_saved if t not in late]
+    assert sorted(seq[t] for t in redone) == sorted(seq.values())[-4:]
+    for _ in range(3):
+        idx.update(reanalyse_at_most=4)
+        assert idx.last_new == 0 and idx.last_reanalysed == 4
+    assert idx.behind == 45 - 16
+    idx.close()
+    warm = AnalysisIndex([d], index_dir=tmp_path / "index")
+    warm.update(reanalyse_at_most=10)
+    assert warm.last_reanalysed == 10 and warm.behind == 45 - 26
+    while warm.behind:
+        run = warm.update(reanalyse_at_most=10)
+    same(run, reference([d]))
+    same_columns(run.columns(), RunColumns.from_requests(reference([d]).requests))
+    warm.close()
+    # without a budget, at once (a report on an index the console left behind)
+    d2 = tmp_path / "traces2"
+    d2.mkdir()
+    (d2 / "run.jsonl").write_text("".join(map(_line, first)))
+    idx = AnalysisIndex([d2])
+    idx.update(reanalyse_at_most=4)
+    with (d2 / "run.jsonl").open("a") as fh:
+        fh.writelines(map(_line, second))
+    idx.update(reanalyse_at_most=4)
+    assert idx.behind == 45 - 4
+    idx.close()
+    report = AnalysisIndex([d2])
+    same(report.update(), reference([d2]))
+    assert report.behind == 0 and report.last_reanalysed == 45 - 4
+    report.close()
+
+
 def test_growing_process_traces_parse_only_new_steps(tmp_path: Path, monkeypatch) -> None:
     """A live run: each engine process's trace of ``engine.steps`` and ``engine.threads``
     spans grows with every update, beside new requests. An update stores and parses only

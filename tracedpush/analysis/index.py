@@ -23,6 +23,12 @@ after a few more lines) did it all again. The index does each once:
   trace's facts and each request's columns, by slot) stay in memory (`index_live`): an
   update writes the traces it touched and derives order, load and columns with numpy,
   so it costs time in proportion to the new spans while the offsets hold still.
+* **When the offsets move**, every request with a span on a moved clock must be
+  analysed again: at 200,000 requests a minute of one core. ``update(reanalyse_at_most=
+  N)`` (the console's Live refresh) analyses the new spans and at most N of those,
+  newest first, and leaves the rest for the next updates (`behind` says how many);
+  ``update()`` (a report) analyses them all. Results equal `analyze()`'s once `behind`
+  is 0.
 
 ``spans=True`` results (span views, for Perfetto and the console's timeline) are made
 on demand for the requests asked (`AnalysisIndex.request`).
@@ -115,6 +121,7 @@ class _State:
     # (skew policy, offsets, labels) of the last update: they hold while no trace changes
     offsets: Any = None
     off: list[int] | None = None  # ns offset per resource the kept results were made with
+    behind: int = 0  # kept results still made with older offsets than `off` (see `update`)
 
 
 @lru_cache(maxsize=1)
@@ -196,6 +203,7 @@ class AnalysisIndex:
         self._save_all = False  # every TPOT breakdown redone (`_save`)
         self._slots: TraceSlots | None = None  # kept between updates (`index_live`)
         self.last_rows_written = 0  # traces whose facts, row or TPOT the last update wrote
+        self._budget: int | None = None  # `update`'s reanalyse_at_most
 
     # ------------------------------------------------------------------ storage
     def _connect(self) -> sqlite3.Connection:
@@ -448,10 +456,22 @@ class AnalysisIndex:
             return False
 
     # ------------------------------------------------------------------ update
-    def update(self) -> RunAnalysis:
-        """Read what is new, re-analyse what it changed, return the whole run."""
+    def update(self, reanalyse_at_most: int | None = None) -> RunAnalysis:
+        """Read what is new, re-analyse what it changed, return the whole run.
+
+        `reanalyse_at_most`: when the clock offsets moved, analyse again at most that
+        many of the earlier requests they moved (newest first; the new spans' requests
+        always), leaving the rest to later updates (`behind`), so that a Live refresh
+        never costs a minute. None: all of them (`analyze()`'s results at once)."""
+        self._budget = reanalyse_at_most
         with paused_gc():
             return self._update()
+
+    @property
+    def behind(self) -> int:
+        """Requests whose kept result was made with older clock offsets than the run's
+        (an update with `reanalyse_at_most` left them; the next updates catch up)."""
+        return 0 if self._state is None else self._state.behind
 
     def _update(self) -> RunAnalysis:
         self._open()
@@ -653,7 +673,7 @@ class AnalysisIndex:
         self._off_ns = off
         # every kept result has these offsets (resources new since the last update are
         # only in traces that changed): only new spans count
-        if state.off is not None and off[: len(state.off)] == state.off:
+        if state.off is not None and off[: len(state.off)] == state.off and not state.behind:
             stale = [tid for tid in changed if self._kept[tid].facts.res]
             stale.sort(key=lambda t: self._kept[t].facts.seq)
         else:
@@ -663,6 +683,7 @@ class AnalysisIndex:
                 if k.facts.res
                 and (tid in changed or k.offsets != tuple(off[r] for r in k.facts.res))
             ]
+            stale = self._within_budget(stale, changed)
         state.off = off
         need = [t for t in stale if t not in changed]
         spans_of = {**self._load_spans(need), **changed} if need else changed
@@ -739,6 +760,22 @@ class AnalysisIndex:
             engine_steps=engine_steps,
             _columns=cols,
         )
+
+    def _within_budget(self, stale: list[str], changed: dict[str, list[Span]]) -> list[str]:
+        """`stale` cut to `update`'s budget: every changed trace, and at most the budget
+        of the others, newest first; `state.behind` counts the ones left."""
+        state = self._state
+        assert state is not None
+        state.behind = 0
+        budget = self._budget
+        if budget is None:
+            return stale
+        moved = [t for t in stale if t not in changed]
+        if len(moved) <= budget:
+            return stale
+        moved.sort(key=lambda t: self._kept[t].facts.seq, reverse=True)
+        state.behind = len(moved) - budget
+        return [t for t in stale if t in changed] + moved[:budget]
 
     def _engine_steps(
         self, label: dict[int, str], applied: dict[str, float]
