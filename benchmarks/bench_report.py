@@ -22,7 +22,9 @@ in this process, one `AnalysisIndex` follows appends of 0.01%, 0.1% and 1% more 
 (a Live refresh: its cost should follow the new spans, not the run), and another one
 follows a live run with its engine steps: new requests with the ``engine.steps`` and
 ``engine.threads`` spans of the same time, appended to the engines' own (growing)
-process traces. Figures are printed and written to docs/benchmarks/report.json.
+process traces; a third follows new requests that move the clock offsets (their decode
+clock 3 ms behind the run's), analysing at most the console's 2,000 earlier requests
+again per refresh. Figures are printed and written to docs/benchmarks/report.json.
 
     python benchmarks/bench_report.py --requests 200000 [--baseline] [--keep DIR]
 """
@@ -400,26 +402,59 @@ def _live_steps(directory: Path, start_s: float) -> list[dict[str, Any]]:
     meanwhile, into the engines' own process traces (which a running deployment grows
     all run). Made by a synthetic run of the same engines (same process trace ids, new
     span ids) after the run's end, cut by time."""
+    return _appends(directory / "grown-steps", directory, start_s, (60, 240, 2_040), seed=7)
+
+
+def _live_moved(directory: Path, start_s: float) -> list[dict[str, Any]]:
+    """One index following new requests (with their engine steps) whose decode clock
+    runs 3 ms behind the run's: their causal pairs move the clock offsets, so every
+    earlier request with a span on D's clock must be analysed again. As the console's
+    Live refresh does, each update analyses at most `LIVE_REANALYSE` of them (newest
+    first); two updates with nothing new catch up, then more requests arrive."""
+    from tracedpush.analysis.index import LIVE_REANALYSE
+    from tracedpush.testing import synthetic
+
+    skew = {synthetic.DECODE_INSTANCE: -3.0}
+    # one mode: both modes' engines share ids in a synthetic run, and a short one puts
+    # their restarted step numbers too close for the array join (`steps_columns.join`)
+    return _appends(
+        directory / "grown-moved", directory, start_s, (60, 0, 0, 240), seed=8,
+        budget=LIVE_REANALYSE, clock_offsets_ms=skew, modes=("push",),
+    )  # fmt: skip
+
+
+def _appends(
+    out_dir: Path,
+    directory: Path,
+    start_s: float,
+    sizes: tuple[int, ...],
+    *,
+    seed: int,
+    budget: int | None = None,
+    **gen: Any,
+) -> list[dict[str, Any]]:
+    """Open one index on `directory`, then append a synthetic run (request and process
+    spans, `gen` its options) to `out_dir` in slices of `sizes` requests, cut by time,
+    timing an update (``reanalyse_at_most=budget``) after each slice."""
     from tracedpush.analysis.index import AnalysisIndex
     from tracedpush.testing import synthetic
 
-    sizes = (60, 240, 2_040)
-    gen = synthetic.generate(sum(sizes), seed=7, start_unix_s=start_s)
-    starts = sorted(r.start_unix_ns for r in gen.requests)
+    gen_run = synthetic.generate(sum(sizes), seed=seed, start_unix_s=start_s, **gen)
+    starts = sorted(r.start_unix_ns for r in gen_run.requests)
     cuts = [starts[sum(sizes[: i + 1]) - 1] + 1 for i in range(len(sizes) - 1)]
-    out_dir = directory / "grown-steps"
     out_dir.mkdir(parents=True, exist_ok=True)
     slices: list[dict[str, list[str]]] = [{} for _ in sizes]
-    for name, docs in gen.files.items():
+    for name, docs in gen_run.files.items():
         for doc in docs:
             for rs in doc["resourceSpans"]:
                 for ss in rs["scopeSpans"]:
                     for sp in ss["spans"]:
                         one = {**rs, "scopeSpans": [{**ss, "spans": [sp]}]}
+                        # past the cut of an empty slice: the next slice with requests
                         i = sum(int(sp["endTimeUnixNano"]) > c for c in cuts)
                         line = json.dumps({"resourceSpans": [one]}, separators=(",", ":"))
                         slices[i].setdefault(name, []).append(line)
-    del gen
+    del gen_run
     idx = AnalysisIndex([directory])
     t0 = time.perf_counter()
     idx.update()
@@ -433,17 +468,18 @@ def _live_steps(directory: Path, start_s: float) -> list[dict[str, Any]]:
             with (out_dir / name).open("a") as fh:
                 fh.write("\n".join(lines) + "\n")
         t0 = time.perf_counter()
-        idx.update()
-        out.append(
-            {
-                "appended_requests": n,
-                "new_spans": idx.last_new,
-                "new_engine_steps_spans": steps,
-                "reanalysed": idx.last_reanalysed,
-                "tpot_redone": idx.last_tpot_redone,
-                "update_s": round(time.perf_counter() - t0, 3),
-            }
-        )
+        idx.update(reanalyse_at_most=budget)
+        row = {
+            "appended_requests": n,
+            "new_spans": idx.last_new,
+            "new_engine_steps_spans": steps,
+            "reanalysed": idx.last_reanalysed,
+            "tpot_redone": idx.last_tpot_redone,
+            "update_s": round(time.perf_counter() - t0, 3),
+        }
+        if budget is not None:
+            row["behind"] = idx.behind
+        out.append(row)
     idx.close()
     return out
 
@@ -474,12 +510,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
+    from tracedpush.analysis.index import LIVE_REANALYSE
 
     tmp = None
     reuse = bool(args.keep and (args.reuse or args.extend) and (args.keep / "real").is_dir())
     if args.keep:
         d = args.keep
-        for old in (d / ".tracedpush-index", d / "grown", d / "grown-steps"):
+        for old in (d / ".tracedpush-index", d / "grown", d / "grown-steps", d / "grown-moved"):
             shutil.rmtree(old, ignore_errors=True)
         if d.exists() and not reuse:
             shutil.rmtree(d)
@@ -532,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
         live_steps = _live_steps(d, _end_s(d) + 600.0)
         for row in live_steps:
             print("live with engine steps", row, flush=True)
+        live_moved = _live_moved(d, _end_s(d) + 600.0)
+        for row in live_moved:
+            print(f"live, offsets moved (at most {LIVE_REANALYSE} a refresh)", row, flush=True)
         calibration.append(_calibration_s())
     finally:
         if tmp:
@@ -554,6 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         "stages": stages,
         "live_refresh": live,
         "live_refresh_with_engine_steps": live_steps,
+        "live_refresh_offsets_moved": {"reanalyse_at_most": LIVE_REANALYSE, "updates": live_moved},
         "machine": {
             "python": platform.python_version(),
             "cpus": os.cpu_count(),

@@ -40,9 +40,9 @@ log = logging.getLogger(__name__)
 PHASE_PREFIX = "critical_ms."  # RunAnalysis.table(): critical-path ms of one phase
 ALL_LOADS = "all"  # Comparison's label for "every load bucket"
 _MISSING = object()  # `Snapshot.memo`: nothing kept yet
-# requests a Live refresh analyses again when the clock offsets move (the rest in the
-# next refreshes, newest first): at 200,000 requests all of them took 58 s of one core
-REANALYSE_PER_REFRESH = 2_000
+# requests a refresh analyses again when the clock offsets move (the rest in the next
+# refreshes, newest first; `AnalysisIndex.update`)
+REANALYSE_PER_REFRESH = index_mod.LIVE_REANALYSE
 MAX_STEPS = 4000  # engine steps drawn per engine and request (a long decode has many)
 STEP_COLUMNS = [
     "role", "engine_id", "seq", "start_ms", "duration_ms", "prefill_tokens", "decode_reqs",
