@@ -100,11 +100,11 @@ _COMPACT_AFTER = 16  # record segments before they are merged into one
 # a Live index writes its engine steps (and their contention) when an update brings
 # nothing, and at least this often while spans keep coming (`close` writes them too)
 STEPS_WRITE_S = 300.0
-# the modules whose code decides what a kept result holds (`format_key`)
 # what a Live refresh (the console's) analyses again at most when the clock offsets move
-# (`AnalysisIndex.update`): at 200,000 requests about 1 s of one core, where all of them
-# took a minute and more
+# (`AnalysisIndex.update`): 1-2 s of one core, where all of a 200,000-request run's took
+# a minute and more
 LIVE_REANALYSE = 2_000
+# the modules whose code decides what a kept result holds (`format_key`)
 _RESULT_MODULES = (
     "analyze", "columns", "critical_path", "failures", "index", "index_build", "index_live",
     "index_steps", "index_store", "load", "model", "otlp", "otlp_fast", "phases", "results",
