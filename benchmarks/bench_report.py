@@ -24,7 +24,9 @@ follows a live run with its engine steps: new requests with the ``engine.steps``
 ``engine.threads`` spans of the same time, appended to the engines' own (growing)
 process traces; a third follows new requests that move the clock offsets (their decode
 clock 3 ms behind the run's), analysing at most the console's 2,000 earlier requests
-again per refresh. Figures are printed and written to docs/benchmarks/report.json.
+again per refresh; a fourth follows a short run whose step numbers repeat within
+seconds, then a later one (whether each update extended the kept steps or joined every
+step again). Figures are printed and written to docs/benchmarks/report.json.
 
     python benchmarks/bench_report.py --requests 200000 [--baseline] [--keep DIR]
 """
@@ -402,7 +404,8 @@ def _live_steps(directory: Path, start_s: float) -> list[dict[str, Any]]:
     meanwhile, into the engines' own process traces (which a running deployment grows
     all run). Made by a synthetic run of the same engines (same process trace ids, new
     span ids) after the run's end, cut by time."""
-    return _appends(directory / "grown-steps", directory, start_s, (60, 240, 2_040), seed=7)
+    slices = _sliced((60, 240, 2_040), seed=7, start_unix_s=start_s)
+    return _appends(directory / "grown-steps", directory, slices)
 
 
 def _live_moved(directory: Path, start_s: float) -> list[dict[str, Any]]:
@@ -416,33 +419,36 @@ def _live_moved(directory: Path, start_s: float) -> list[dict[str, Any]]:
 
     skew = {synthetic.DECODE_INSTANCE: -3.0}
     # one mode: both modes' engines share ids in a synthetic run, and a short one puts
-    # their restarted step numbers too close for the array join (`steps_columns.join`)
-    return _appends(
-        directory / "grown-moved", directory, start_s, (60, 0, 0, 240), seed=8,
-        budget=LIVE_REANALYSE, clock_offsets_ms=skew, modes=("push",),
-    )  # fmt: skip
+    # their restarted step numbers close: every step joined again (`_live_restarted`)
+    slices = _sliced(
+        (60, 0, 0, 240), seed=8, start_unix_s=start_s, clock_offsets_ms=skew, modes=("push",)
+    )
+    return _appends(directory / "grown-moved", directory, slices, budget=LIVE_REANALYSE)
 
 
-def _appends(
-    out_dir: Path,
-    directory: Path,
-    start_s: float,
-    sizes: tuple[int, ...],
-    *,
-    seed: int,
-    budget: int | None = None,
-    **gen: Any,
-) -> list[dict[str, Any]]:
-    """Open one index on `directory`, then append a synthetic run (request and process
-    spans, `gen` its options) to `out_dir` in slices of `sizes` requests, cut by time,
-    timing an update (``reanalyse_at_most=budget``) after each slice."""
-    from tracedpush.analysis.index import AnalysisIndex
+def _live_restarted(directory: Path, start_s: float) -> list[dict[str, Any]]:
+    """One index following a short run of both modes, then a longer one of one mode ten
+    minutes later. A synthetic run's modes share engine ids and run one after the
+    other, so the short run's step numbers repeat within seconds (as an engine
+    restarted under its id, or two short runs of one deployment, would): those steps
+    are joined again whole (the rule that pairs them must see every record of a seq
+    close to the new ones). The later run's steps lie far from them and extend the
+    kept ones (before, an engine with such close records anywhere made every later
+    update join every step again)."""
+    short = _sliced((20,), seed=9, start_unix_s=start_s)  # about 10 s
+    later = _sliced((60, 240), seed=10, start_unix_s=start_s + 600, modes=("push",))
+    return _appends(directory / "grown-restarted", directory, short + later)
+
+
+def _sliced(sizes: tuple[int, ...], **gen: Any) -> list[tuple[int, dict[str, list[str]]]]:
+    """A synthetic run (request and process spans; `gen`: `synthetic.generate`'s
+    options) of sum(`sizes`) requests cut by time into slices of `sizes` requests:
+    (requests, file name -> OTLP lines) each."""
     from tracedpush.testing import synthetic
 
-    gen_run = synthetic.generate(sum(sizes), seed=seed, start_unix_s=start_s, **gen)
+    gen_run = synthetic.generate(sum(sizes), **gen)
     starts = sorted(r.start_unix_ns for r in gen_run.requests)
     cuts = [starts[sum(sizes[: i + 1]) - 1] + 1 for i in range(len(sizes) - 1)]
-    out_dir.mkdir(parents=True, exist_ok=True)
     slices: list[dict[str, list[str]]] = [{} for _ in sizes]
     for name, docs in gen_run.files.items():
         for doc in docs:
@@ -454,14 +460,28 @@ def _appends(
                         i = sum(int(sp["endTimeUnixNano"]) > c for c in cuts)
                         line = json.dumps({"resourceSpans": [one]}, separators=(",", ":"))
                         slices[i].setdefault(name, []).append(line)
-    del gen_run
+    return list(zip(sizes, slices, strict=True))
+
+
+def _appends(
+    out_dir: Path,
+    directory: Path,
+    slices: list[tuple[int, dict[str, list[str]]]],
+    *,
+    budget: int | None = None,
+) -> list[dict[str, Any]]:
+    """Open one index on `directory`, then append each of `slices` (`_sliced`) to
+    `out_dir`, timing an update (``reanalyse_at_most=budget``) after each."""
+    from tracedpush.analysis.index import AnalysisIndex
+
+    out_dir.mkdir(parents=True, exist_ok=True)
     idx = AnalysisIndex([directory])
     t0 = time.perf_counter()
     idx.update()
     out: list[dict[str, Any]] = [
         {"appended_requests": 0, "update_s": round(time.perf_counter() - t0, 3)}
     ]
-    for n, part in zip(sizes, slices, strict=True):
+    for n, part in slices:
         steps = sum(1 for lines in part.values() for ln in lines if '"engine.steps"' in ln)
         for name, lines in part.items():
             (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
@@ -475,6 +495,7 @@ def _appends(
             "new_engine_steps_spans": steps,
             "reanalysed": idx.last_reanalysed,
             "tpot_redone": idx.last_tpot_redone,
+            "steps": idx.last_steps,  # kept, extended, or joined again whole
             "update_s": round(time.perf_counter() - t0, 3),
         }
         if budget is not None:
@@ -516,7 +537,8 @@ def main(argv: list[str] | None = None) -> int:
     reuse = bool(args.keep and (args.reuse or args.extend) and (args.keep / "real").is_dir())
     if args.keep:
         d = args.keep
-        for old in (d / ".tracedpush-index", d / "grown", d / "grown-steps", d / "grown-moved"):
+        grown = ("grown", "grown-steps", "grown-moved", "grown-restarted")
+        for old in (d / ".tracedpush-index", *(d / g for g in grown)):
             shutil.rmtree(old, ignore_errors=True)
         if d.exists() and not reuse:
             shutil.rmtree(d)
@@ -572,6 +594,9 @@ def main(argv: list[str] | None = None) -> int:
         live_moved = _live_moved(d, _end_s(d) + 600.0)
         for row in live_moved:
             print(f"live, offsets moved (at most {LIVE_REANALYSE} a refresh)", row, flush=True)
+        live_restarted = _live_restarted(d, _end_s(d) + 600.0)
+        for row in live_restarted:
+            print("live, step numbers repeated in a short run", row, flush=True)
         calibration.append(_calibration_s())
     finally:
         if tmp:
@@ -595,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         "live_refresh": live,
         "live_refresh_with_engine_steps": live_steps,
         "live_refresh_offsets_moved": {"reanalyse_at_most": LIVE_REANALYSE, "updates": live_moved},
+        "live_refresh_step_numbers_repeated": live_restarted,
         "machine": {
             "python": platform.python_version(),
             "cpus": os.cpu_count(),

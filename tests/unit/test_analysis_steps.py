@@ -316,7 +316,8 @@ def _spread_docs(gen: synthetic.SyntheticRun, shift_s: int) -> list[dict]:
     return [*gen.documents, *later]
 
 
-# (both modes' runs, a restart under the same engine id this many s later, array join?)
+# (both modes' runs, a restart under the same engine id this many s later, every seq's
+# records spread: joined by arrays alone?)
 _JOIN_CASES = [
     (False, None, True), (False, 3600, True), (False, 25, True), (False, 3, False),
     (False, 0, False), (True, None, False), (True, 3600, False),
@@ -328,29 +329,29 @@ def one_mode() -> synthetic.SyntheticRun:
     return synthetic.generate(80, modes=("push",), seed=5)
 
 
-@pytest.mark.parametrize(("two_modes", "shift_s", "arrays"), _JOIN_CASES)
+@pytest.mark.parametrize(("two_modes", "shift_s", "spread"), _JOIN_CASES)
 def test_columns_equal_the_object_join(
-    gen, one_mode, monkeypatch, two_modes: bool, shift_s: int | None, arrays: bool
+    gen, one_mode, monkeypatch, two_modes: bool, shift_s: int | None, spread: bool
 ) -> None:
-    """Steps as columns equal the object implementation, step by step: the array join
-    (a seq repeats only far apart: an engine restarted under its id) and the reference
-    join it hands over to (closer: the two modes' runs here, a quick restart), placed on
-    a skewed clock or not, with summary, solo cost and a window's objects."""
+    """Steps as columns equal the object implementation, step by step: seqs joined by
+    arrays (a seq repeats only far apart: an engine restarted under its id) and by the
+    reference's rule (closer: the two modes' runs here, a quick restart), placed on a
+    skewed clock or not, with summary, solo cost and a window's objects."""
     from tracedpush.analysis import steps_columns
 
     run = gen if two_modes else one_mode
     docs = run.documents if shift_s is None else _spread_docs(run, shift_s)
-    joined = []
-    real_join = steps_columns.join_table
+    greedy = []
+    real_greedy = steps_columns._greedy_pairs
 
     def spy(*a):
-        joined.append(real_join(*a) is not None)
-        return real_join(*a)
+        greedy.append(len(a[3]))
+        return real_greedy(*a)
 
-    monkeypatch.setattr(steps_columns, "join_table", spy)
+    monkeypatch.setattr(steps_columns, "_greedy_pairs", spy)
     spans = [s for s in TraceStore.from_documents(docs).all_spans() if s.name in sc.PROCESS_SPANS]
     _same_as_reference(EngineSteps.from_spans(spans), _reference(spans))
-    assert set(joined) == {arrays}  # the path this case is for
+    assert (not greedy) == spread  # the path this case is for
     off = {synthetic.DECODE_INSTANCE: 40_000_000, synthetic.PREFILL_INSTANCE: -7}
     store = EngineSteps.from_spans(spans)
     store.place(lambda r: off.get(r.instance, 0))
@@ -388,7 +389,7 @@ def test_odd_arrays_convert_as_the_objects_do() -> None:
     _same_as_reference(EngineSteps.from_spans(spans), want)
 
 
-@pytest.mark.parametrize(("two_modes", "shift_s", "arrays"), _JOIN_CASES)
+@pytest.mark.parametrize(("two_modes", "shift_s", "spread"), _JOIN_CASES)
 @pytest.mark.parametrize("arrival", ["by end", "shuffled"])
 @pytest.mark.parametrize("slack_ms", [None, 20])
 def test_extended_steps_equal_steps_joined_at_once(
@@ -397,7 +398,7 @@ def test_extended_steps_equal_steps_joined_at_once(
     monkeypatch,
     two_modes: bool,
     shift_s: int | None,
-    arrays: bool,
+    spread: bool,
     arrival: str,
     slack_ms: int | None,
 ) -> None:
@@ -407,9 +408,12 @@ def test_extended_steps_equal_steps_joined_at_once(
     run) or shuffled, in chunks of every size, placed on a skewed clock or not (or
     first on the other: offsets that moved), and through a pickled copy (as an index
     keeps them): the same columns, samples and engines as one join of every span; or
-    None wherever that join is record by record.
-    The synthetic runs last seconds: with the join's slack (10 s) every refresh joins
-    them all again; a 20 ms slack leaves most steps as they were.
+    None, only where a seq's records are close together (near the new ones: the
+    synthetic runs last seconds, so with the join's slack, 10 s, that is everywhere in
+    those cases).
+    A 20 ms slack leaves most steps as they were, and then the runs with close seqs
+    (before, never extended) extend too, except the one whose copy is the same steps
+    at the same times.
     What TPOT breakdowns keep of the steps (`TpotSteps`), made from the last ones at
     each refresh, equals them made afresh, and so do the windows where they changed."""
     import dataclasses
@@ -450,11 +454,9 @@ def test_extended_steps_equal_steps_joined_at_once(
     if slack_ms is not None:
         monkeypatch.setattr(steps_mod, "_JOIN_SLACK_NS", slack_ms * 10**6)
     kept_steps = 0  # steps a TpotSteps took from the last one unchanged
+    refused = 0  # refreshes that `extended` left to a join of every span
     for first, applied in ((skewed, skewed), ({}, {}), ({}, skewed), (skewed, {})):
         want = StepParts().extend(spans).placed([], applied)
-        if slack_ms is None:
-            assert bool(want.slow) == (not arrays)
-        arrays = not want.slow
         n = len(spans)
         every = [[n // 2], [1, 2, n // 3, n - 1], list(range(n // 4, n, max(n // 12, 1)))]
         for cuts in every if first is applied else every[:2]:
@@ -467,6 +469,8 @@ def test_extended_steps_equal_steps_joined_at_once(
                 was = got
                 got = got.extended(StepParts().extend(spans[a:b]), [], applied)
                 if got is None:
+                    assert not spread, cuts
+                    refused += 1
                     break
                 fresh = TpotSteps(got)  # first: it fills the steps' solo cache
                 grown = TpotSteps(got, tp)
@@ -475,10 +479,8 @@ def test_extended_steps_equal_steps_joined_at_once(
                 kept_steps += sum(grown.same.values())
                 assert grown.base == was.token
                 tp = grown
-            if not arrays:
-                assert got is None, cuts
+            if got is None:
                 continue
-            assert got is not None, cuts
             assert list(got.columns) == list(want.columns)
             for eid, c in want.columns.items():
                 assert c.dtype == got.columns[eid].dtype
@@ -487,8 +489,10 @@ def test_extended_steps_equal_steps_joined_at_once(
             assert got.engines == want.engines and got.spans == want.spans
             assert [(r, role) for r, role in got.origins] == list(dict.fromkeys(want.origins))
             _same_tpot_steps(tp, TpotSteps(want))
-    if slack_ms is not None and arrays:
-        assert kept_steps  # the refreshes did take unchanged steps from the last ones
+    if slack_ms is None and not spread:
+        assert refused  # close seqs near every refresh's new steps (see above)
+    if slack_ms is not None and shift_s != 0:
+        assert kept_steps and not refused  # the refreshes took unchanged steps
 
 
 def _same_tpot_steps(a: Any, b: Any) -> None:
@@ -535,13 +539,87 @@ def test_extending_looks_back_far_enough() -> None:
     # the new scheduler record of seq 5 at 250 is within 2 slack of the old one at 90,
     # which is past the look-back (250 - 2 slack = 50), while its worker step (0) is not
     s_new = _records("scheduler", (5, 250))
-    assert cols.join(np.concatenate([s_old, s_new], axis=1), w_old, slack) is None
+    assert cols.close_seqs(np.concatenate([s_old, s_new], axis=1), slack).tolist() == [5]
     assert cols.extend(placed, s_new, _records("worker"), off, slack) is None
     # one far enough away extends them
     s_far = _records("scheduler", (5, 900))
     want = cols.join(np.concatenate([s_old, s_far], axis=1), w_old, slack)
     got = cols.extend(placed, s_far, _records("worker"), off, slack)
-    assert want is not None and got is not None and (got == want).all()
+    assert got is not None and (got == want).all()
+
+
+def _cols() -> Any:
+    from tracedpush.analysis import steps_columns
+
+    return steps_columns
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_join_equals_the_reference_where_records_are_close(monkeypatch, seed: int) -> None:
+    """`steps_columns.join` equals `steps.join` record for record, ties in order, on
+    records as close as they come: seqs repeating within the slack on both sides (an
+    engine restarted under its id, two short runs of one id), TP ranks (origins of
+    other processes, and of one process with two roles) within the rank slack, equal
+    start times, and spread seqs beside them (the array path, in the same output).
+    Both slacks scaled down to this test's times (ns)."""
+    import random
+
+    from tracedpush.analysis import steps as steps_mod
+    from tracedpush.analysis.model import Resource
+    from tracedpush.analysis.steps import _domains
+
+    cols = _cols()
+    slack, rank = 100, 30
+    monkeypatch.setattr(steps_mod, "_JOIN_SLACK_NS", slack)
+    monkeypatch.setattr(steps_mod, "_RANK_SLACK_NS", rank)
+    monkeypatch.setattr(cols, "RANK_SLACK_NS", rank)
+    rng = random.Random(seed)
+    procs = [Resource("decode", f"d-{i}", "h", i) for i in range(3)]
+    roles = ("decode", "decode", "prefill", "decode")
+    origins = [(procs[p], role) for p, role in zip((0, 1, 0, 2), roles, strict=True)]
+
+    def close(n: int) -> list[tuple[int, int]]:  # 12 seqs over 6 slacks, times on a 7 ns grid
+        return [(rng.randrange(12), rng.randrange(600) // 7 * 7) for _ in range(n)]
+
+    far = [(100 + i, 10**6 * i) for i in range(rng.randrange(1, 5))]  # spread: arrays
+    work = _records("worker", *close(40), *far)
+    sched = _records("scheduler", *close(40), (100, 50), (101, 10**6 + 30))
+    for c in (work, sched):
+        c[cols.ORIGIN] = [rng.randrange(len(origins)) for _ in range(c.shape[1])]
+    store = EngineSteps()
+    store.origins = origins
+    got = cols.join(sched, work, slack, _domains(origins))
+    want = join(store._make("e", sched), store._make("e", work))
+    as_fields = [[s.to_json(), s.domain, s.role] for s in store._make("e", got)]
+    assert as_fields == [[s.to_json(), s.domain, s.role] for s in want]
+    assert got.shape[1] < work.shape[1] + sched.shape[1]  # some merged or dropped
+
+
+def test_an_engine_restarted_early_keeps_extending() -> None:
+    """An engine restarted under its id while its first life's step numbers were
+    recent (close seqs, early in the run) no longer stops every later refresh from
+    extending its steps (before, each then joined every step again): new records far
+    from them extend exactly; new records whose seq has a close one near them are
+    left to a join of every record (None)."""
+    cols = _cols()
+    slack, off = 100, np.zeros(1, np.int64)
+    # seqs 0..9 every 50 ns, then a restart at 120: seqs 0..9 again, then on to 40
+    life1 = [(i, 50 * i) for i in range(10)]
+    life2 = [(i, 120 + 50 * i) for i in range(40)]
+    w_old = _records("worker", *life1, *life2)
+    s_old = _records("scheduler", *((q, t + 3) for q, t in (*life1, *life2)))
+    assert len(cols.close_seqs(w_old, slack))  # the restart: seqs 0.. twice within 2 slack
+    placed = cols.join(s_old, w_old, slack)
+    w_new = _records("worker", (40, 120 + 50 * 40), (41, 120 + 50 * 41))
+    s_new = _records("scheduler", (40, 120 + 50 * 40 + 3), (41, 120 + 50 * 41 + 3))
+    got = cols.extend(placed, s_new, w_new, off, slack)
+    want = cols.join(
+        np.concatenate([s_old, s_new], axis=1), np.concatenate([w_old, w_new], axis=1), slack
+    )
+    assert got is not None and got.shape == want.shape and (got == want).all()
+    # a new record of seq 38 near the old one: the join rules can no longer be split
+    late = _records("worker", (38, 120 + 50 * 41 + 10))
+    assert cols.extend(placed, _records("scheduler"), late, off, slack) is None
 
 
 def test_steps_placed_again_keep_the_joined_order_of_ties() -> None:

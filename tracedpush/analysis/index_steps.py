@@ -9,7 +9,7 @@ refresh the whole run. Here:
   parses only those and joins them into the kept steps (`EngineSteps.extended`);
   where the offsets moved, the kept steps are placed again first. `StepCache` keeps
   each process trace's parsed parts for when everything must be joined again (no steps
-  kept, a process trace replaced, an engine joined record by record);
+  kept, a process trace replaced, a seq's records close together near the new ones);
 * `changed_windows` compares D's step arrays before and after: where they differ (new
   steps, a scheduler record joined to a worker one), in time, and whether an engine's
   solo forward cost moved. Only requests whose decode window meets a changed stretch

@@ -323,7 +323,7 @@ def _merge(sched: EngineStep, work: EngineStep) -> EngineStep:
 
 
 _JOIN_SLACK_NS = 10 * 10**9  # a step is bound this soon after it was scheduled, at most
-_RANK_SLACK_NS = 10**9  # other TP ranks bind the same step within this
+_RANK_SLACK_NS = cols.RANK_SLACK_NS  # other TP ranks bind the same step within this
 
 
 def join(sched: Iterable[EngineStep], work: Iterable[EngineStep]) -> list[EngineStep]:
@@ -480,18 +480,12 @@ class StepParts:
         store.spans = self.spans
         store.resources = list(self.resources.values())
         store.offsets = np.zeros(len(self.origins) or 1, np.int64)
-        origin_of = {(id(r), role): i for i, (r, role) in enumerate(self.origins)}
+        domains = _domains(self.origins)
         for eid in sorted(set(self.sched) | set(self.work)):
             work = self.work.pop(eid, [])
             n_work = sum(b.shape[1] for b in work)
             table = cols.stacked(work, self.sched.pop(eid, []))
-            joined = cols.join_table(table, n_work, _JOIN_SLACK_NS)
-            if joined is None:  # records too close for the array join: the reference one
-                w_cols, s_cols = table[:, :n_work], table[:, n_work:]
-                objs = join(store._make(eid, s_cols), store._make(eid, w_cols))
-                joined = _as_columns(objs, origin_of)
-                store.slow.add(eid)
-            store.columns[eid] = joined
+            store.columns[eid] = cols.join_table(table, n_work, _JOIN_SLACK_NS, domains)
         return store
 
     def placed(self, resources: Iterable[Resource], applied_ms: dict[str, float]) -> EngineSteps:
@@ -534,7 +528,6 @@ class EngineSteps:
         self.engines: dict[str, EngineInfo] = {}
         self.spans = 0  # process spans read
         self.resources: list[Resource] = []  # every process span's, as first seen
-        self.slow: set[str] = set()  # engines joined record by record (`steps.join`)
         self.offsets = np.zeros(1, np.int64)  # ns per origin, as placed
         self._lists: dict[str, list[EngineStep]] = {}
         # per engine, the latest end among steps[0..i] (nondecreasing: bisectable)
@@ -589,11 +582,9 @@ class EngineSteps:
         with `applied_ms`) and `parts` (the process spans that arrived since), joining
         again only the records near the new ones (`steps_columns.extend`); where the
         offsets moved, these steps are placed again first (`steps_columns.moved`), not
-        joined again. None where that would not be exact: an engine was joined record
-        by record, or the new records are too close to join as arrays. Uses `parts`
+        joined again. None where that would not be exact: a seq's records of one side
+        close together near the new ones (`steps_columns.extend_prefix`). Uses `parts`
         up; these steps are not changed."""
-        if self.slow:
-            return None
         out = EngineSteps()
         out.origins = list(self.origins)
         number = {o: i for i, o in enumerate(out.origins)}  # by equality: see `_offsets`
@@ -709,21 +700,11 @@ def _span_columns(span: Span, origin: int) -> tuple[str, cols.Columns]:
     return side, cols.block(side, column, n, column(sc.STEP_SEQ, n), origin)
 
 
-def _as_columns(steps: Sequence[EngineStep], origin_of: dict[tuple[int, str], int]) -> cols.Columns:
-    if not steps:
-        return cols.empty()
-    none = cols.NONE
-    return np.array(
-        [
-            [none if v is None else v for v in (
-                s.seq, s.start_ns, s.end_ns, s.scheduled_ns, s.prefill_tokens, s.decode_reqs,
-                s.num_reqs, s.duration_us, s.connector_us, s.bind_us, s.load_us, s.save_us,
-                s.results_us, s.loads_started, s.loads_finished,
-            )] + [origin_of[(id(s.domain), s.role)]]
-            for s in steps
-        ],
-        np.int64,
-    ).T.copy()  # fmt: skip
+def _domains(origins: Sequence[tuple[Resource, str]]) -> np.ndarray:
+    """Each origin's clock domain as a number: the emitting process (its resource, by
+    identity, as `join` compares them), whatever the role."""
+    number: dict[int, int] = {}
+    return np.array([number.setdefault(id(r), len(number)) for r, _ in origins] or [0], np.int64)
 
 
 def placed(

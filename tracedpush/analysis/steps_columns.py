@@ -6,11 +6,13 @@ Here each ``engine.steps`` span's arrays become numpy rows at once, scheduler an
 records are joined on seq with array operations, and `EngineStep` objects are made only
 for what a caller reads (a request's window, one engine's list).
 
-`steps.join` stays the reference. The array join is exact only when no two records of
-one side with the same seq lie within twice the join slack of each other (then each
-worker record has at most one scheduler candidate and the pairs are neighbours in
-(seq, start) order); an engine whose records are closer (TP ranks, a restart within
-20 s) is joined by `steps.join`, record by record.
+`steps.join` stays the reference, and `join` equals it for every input. The join is
+per seq. Where no two records of one side with a seq lie within twice the join slack
+of each other, each worker record has at most one scheduler candidate and the pairs
+are neighbours in (seq, start) order: array operations join those seqs. The seqs with
+closer records (TP ranks, an engine restarted under its id while its earlier step
+numbers are recent, two short runs of one engine id) take `steps.join`'s greedy rule,
+in Python over plain ints, those seqs' records only.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ _SCHEDULER_ARRAYS = (
     (sc.STEP_NUM_REQS, "num_reqs"),
 )
 Columns = np.ndarray  # shape (len(FIELDS), steps), int64
+RANK_SLACK_NS = 10**9  # other TP ranks record the same step within this
 
 
 def empty() -> Columns:
@@ -105,47 +108,118 @@ def block(
     return b if keep.all() else b[:, keep]
 
 
-def _spread(c: Columns, slack_ns: int) -> bool:
-    """No two records with the same seq start within ``2 * slack_ns`` of each other."""
+def close_seqs(c: Columns, slack_ns: int) -> np.ndarray:
+    """The seqs of which two records of `c` (one side) start within ``2 * slack_ns`` of
+    each other: where the array join would not be exact (see the module)."""
     if c.shape[1] < 2:
-        return True
+        return np.empty(0, np.int64)
     o = np.lexsort((c[START], c[SEQ]))
     seq, start = c[SEQ][o], c[START][o]
     close = (seq[1:] == seq[:-1]) & (start[1:] - start[:-1] < 2 * slack_ns)
-    return not bool(close.any())
+    return np.unique(seq[1:][close])
 
 
-def join(sched: Columns, work: Columns, slack_ns: int) -> Columns | None:
-    """`steps.join` on columns, or None where it would not be exact (see the module).
+def join(
+    sched: Columns, work: Columns, slack_ns: int, domains: np.ndarray | None = None
+) -> Columns:
+    """`steps.join` on columns: every worker record takes the scheduler record of its
+    seq within `slack_ns`; the records are sorted by (start, seq). `domains`: the clock
+    domain (emitting process) of each origin, which tells TP ranks apart (None: each
+    origin its own)."""
+    return join_table(np.concatenate([work, sched], axis=1), work.shape[1], slack_ns, domains)
 
-    Every worker record takes the scheduler record of its seq within `slack_ns`; the
-    records are sorted by (start, seq)."""
-    return join_table(np.concatenate([work, sched], axis=1), work.shape[1], slack_ns)
 
-
-def join_table(u: Columns, n_work: int, slack_ns: int) -> Columns | None:
+def join_table(
+    u: Columns, n_work: int, slack_ns: int, domains: np.ndarray | None = None
+) -> Columns:
     """`join` of one table: the worker records, then the scheduler records (`stacked`,
     so an engine's records are in memory once, not also as two sides: at 200,000
     requests a decode engine's are 500 MB)."""
-    if not (_spread(u[:, :n_work], slack_ns) and _spread(u[:, n_work:], slack_ns)):
-        return None
-    is_work = np.arange(u.shape[1]) < n_work
-    o = np.lexsort((u[START], u[SEQ]))
-    seq, start, w = u[SEQ][o], u[START][o], is_work[o]
+    hard = np.union1d(close_seqs(u[:, :n_work], slack_ns), close_seqs(u[:, n_work:], slack_ns))
+    easy = None
+    if len(hard):
+        in_hard = np.isin(u[SEQ], hard)
+        easy, hard_ix = np.flatnonzero(~in_hard), np.flatnonzero(in_hard)
+    # the output's columns of `u` (merged records are their worker's) and, for a merged
+    # one, its scheduler record's column (else -1)
+    src, frm = _array_pairs(u, n_work, slack_ns, easy)
+    if easy is not None:
+        dom = u[ORIGIN] if domains is None else domains[u[ORIGIN]]
+        h_src, h_frm = _greedy_pairs(u, n_work, slack_ns, hard_ix, dom)
+        src, frm = np.concatenate([src, h_src]), np.concatenate([frm, h_frm])
+    # in output order (ties keep the order above: each seq's is the reference's); one
+    # gather of the whole table (gathers of a big table cost more than the sorts)
+    order = np.lexsort((u[SEQ][src], u[START][src]))
+    out = u[:, src[order]]
+    frm = frm[order]
+    took = np.flatnonzero(frm >= 0)
+    out[np.ix_(FROM_SCHEDULER, took)] = u[np.ix_(FROM_SCHEDULER, frm[took])]
+    return out
+
+
+def _array_pairs(
+    u: Columns, n_work: int, slack_ns: int, ix: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(columns, scheduler columns) of the joined records of the columns `ix` of `u`
+    (None: all), whose seqs are spread: pairs are neighbours in (seq, start) order."""
+    seq, start = u[SEQ], u[START]
+    if ix is None:
+        ix = np.arange(u.shape[1])
+    else:
+        seq, start = seq[ix], start[ix]
+    w = ix < n_work
+    o = np.lexsort((start, seq))
+    seq, start, w = seq[o], start[o], w[o]
     pair = (seq[1:] == seq[:-1]) & (w[1:] != w[:-1]) & (np.abs(start[1:] - start[:-1]) < slack_ns)
     left = np.nonzero(pair)[0]
     wi = np.where(w[left], o[left], o[left + 1])
     si = np.where(w[left], o[left + 1], o[left])
-    alone = np.ones(u.shape[1], bool)
+    alone = np.ones(len(ix), bool)
     alone[wi] = alone[si] = False
-    # the output's columns of `u` (merged records are their worker's), in output order:
-    # one gather of the whole table (gathers of a big table cost more than the sorts)
-    src = np.concatenate([wi, np.flatnonzero(alone)])
-    order = np.lexsort((u[SEQ][src], u[START][src]))
-    out = u[:, src[order]]
-    took = np.flatnonzero(order < len(wi))  # merged records' places in the output
-    out[np.ix_(FROM_SCHEDULER, took)] = u[np.ix_(FROM_SCHEDULER, si[order[took]])]
-    return out
+    src = np.concatenate([ix[wi], ix[alone]])
+    frm = np.concatenate([ix[si], np.full(int(alone.sum()), -1, np.int64)])
+    return src, frm
+
+
+def _greedy_pairs(
+    u: Columns, n_work: int, slack_ns: int, ix: np.ndarray, dom: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """`_array_pairs` for the columns `ix` by `steps.join`'s rule, one seq at a time: in
+    start order, a worker record within `RANK_SLACK_NS` of a kept one of its seq from
+    another domain is another TP rank's record of that step (dropped); a kept one takes
+    the nearest scheduler record of its seq left, if within the slack. Then the
+    scheduler records left. The reference's order, which ties keep."""
+    o = ix[np.lexsort((u[START][ix], u[SEQ][ix]))]  # by seq, start, then column
+    cols_, seqs, starts = o.tolist(), u[SEQ][o].tolist(), u[START][o].tolist()
+    doms = dom[o].tolist()
+    src: list[int] = []
+    frm: list[int] = []
+    i, n = 0, len(cols_)
+    while i < n:
+        j = i
+        while j < n and seqs[j] == seqs[i]:
+            j += 1
+        cands = [(starts[k], cols_[k]) for k in range(i, j) if cols_[k] >= n_work]
+        kept: list[tuple[int, int]] = []
+        for k in range(i, j):
+            col, ws, wd = cols_[k], starts[k], doms[k]
+            if col >= n_work:
+                continue
+            if any(kd != wd and abs(ws - ks) < RANK_SLACK_NS for ks, kd in kept):
+                continue
+            kept.append((ws, wd))
+            took = -1
+            if cands:
+                best = min(range(len(cands)), key=lambda q: abs(cands[q][0] - ws))
+                if abs(cands[best][0] - ws) < slack_ns:
+                    took = cands.pop(best)[1]
+            src.append(col)
+            frm.append(took)
+        for _start, col in cands:
+            src.append(col)
+            frm.append(-1)
+        i = j
+    return np.array(src, np.int64), np.array(frm, np.int64)
 
 
 def place(c: Columns, offsets: np.ndarray, *, own: bool = False) -> Columns:
@@ -206,25 +280,36 @@ def extend_prefix(
     """`place(join(every scheduler record, every worker record), offsets)` of an engine
     whose earlier records made `placed` (by `join`, with these offsets) and which has
     `sched` and `work` since, joining again only the records near the new ones. None
-    where `join` would be None.
+    where that would not be exact: a seq with records of one side within twice the
+    slack of each other near the new ones (the caller joins every record again).
 
     Let t be the earliest new start. A pair is two records of one seq less than the
-    slack apart, and the array join is exact only where no two records of one side and
-    seq are within twice the slack: so only records from t - 2 slack on can pair with a
-    new one or break that rule, and every step before t - slack stays as it was. The
+    slack apart. Where the records of one side and seq that start from t - 4 slack on
+    are more than twice the slack apart (checked), no worker step from t - slack on
+    competes with another for a scheduler record, and none is another TP rank's: each
+    takes the one record within the slack, if any, as the array join does; and no
+    worker step before t - slack can take a new record. So only records from t - 2
+    slack on need joining again, and every step before t - slack stays as it was. The
     records from t - 2 slack on come back from `placed` (`unjoin`), are joined with the
     new ones, and replace the steps from t - slack on. A scheduler half given its
     worker's origin by `unjoin` pairs with that worker again, before t - slack, so it
     is never placed. With different offsets per origin, the old steps just before
     t - slack and the new ones may interleave: that stretch is sorted again, old steps
     first among ties, as in the joined order. With the steps, how many of the first
-    ones are `placed`'s, unchanged (what follows them is new or joined again)."""
+    ones are `placed`'s, unchanged (what follows them is new or joined again).
+
+    A TP rank's record that `join` dropped is not in `placed`, but the one that made it
+    drop is: the check sees the seq's records close, so dropped records need not
+    come back."""
     if not (sched.shape[1] or work.shape[1]):
         return placed, placed.shape[1]
     t = int(min(sched[START].min(initial=_MAX), work[START].min(initial=_MAX)))
     lo, cut = t - 2 * slack_ns, t - slack_ns
+    top = int(offsets.max())
+    if not _spread_near(placed, sched, work, offsets, slack_ns, lo - 2 * slack_ns, top):
+        return None
     # every step before k started (raw clock) more than a slack before lo
-    k = int(np.searchsorted(placed[START], lo - slack_ns - int(offsets.max()), side="left"))
+    k = int(np.searchsorted(placed[START], lo - slack_ns - top, side="left"))
     tail = placed[:, k:]
     raw = _shifted(tail, offsets, 1)
     old_s, old_w = unjoin(raw)
@@ -233,12 +318,30 @@ def extend_prefix(
         np.concatenate([old_w[:, old_w[START] >= lo], work], axis=1),
         slack_ns,
     )
-    if joined is None:
-        return None
     fresh = joined[:, int(np.searchsorted(joined[START], cut, side="left")) :]
     region = np.concatenate([tail[:, raw[START] < cut], _shifted(fresh, offsets, -1)], axis=1)
     region = region[:, np.lexsort((region[SEQ], region[START]))]
     return np.concatenate([placed[:, :k], region], axis=1), k
+
+
+def _spread_near(
+    placed: Columns,
+    sched: Columns,
+    work: Columns,
+    offsets: np.ndarray,
+    slack_ns: int,
+    since: int,
+    top: int,
+) -> bool:
+    """No seq has two records of one side within twice the slack among the new ones
+    and the old ones that start (raw clock) from `since` on. `top`: the largest
+    offset (a scheduler half starts up to a slack before its merged step)."""
+    k = int(np.searchsorted(placed[START], since - slack_ns - top, side="left"))
+    old_s, old_w = unjoin(_shifted(placed[:, k:], offsets, 1))
+    return not any(
+        len(close_seqs(np.concatenate([old[:, old[START] >= since], new], axis=1), slack_ns))
+        for old, new in ((old_s, sched), (old_w, work))
+    )
 
 
 def has_worker(c: Columns) -> np.ndarray:
