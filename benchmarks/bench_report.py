@@ -418,8 +418,8 @@ def _live_moved(directory: Path, start_s: float) -> list[dict[str, Any]]:
     from tracedpush.testing import synthetic
 
     skew = {synthetic.DECODE_INSTANCE: -3.0}
-    # one mode: both modes' engines share ids in a synthetic run, and a short one puts
-    # their restarted step numbers close: every step joined again (`_live_restarted`)
+    # one mode, as in earlier runs (a short run of both modes repeats its step numbers
+    # within seconds: `_live_restarted` measures that)
     slices = _sliced(
         (60, 0, 0, 240), seed=8, start_unix_s=start_s, clock_offsets_ms=skew, modes=("push",)
     )
@@ -430,11 +430,10 @@ def _live_restarted(directory: Path, start_s: float) -> list[dict[str, Any]]:
     """One index following a short run of both modes, then a longer one of one mode ten
     minutes later. A synthetic run's modes share engine ids and run one after the
     other, so the short run's step numbers repeat within seconds (as an engine
-    restarted under its id, or two short runs of one deployment, would): those steps
-    are joined again whole (the rule that pairs them must see every record of a seq
-    close to the new ones). The later run's steps lie far from them and extend the
-    kept ones (before, an engine with such close records anywhere made every later
-    update join every step again)."""
+    restarted under its id, or two short runs of one deployment, would; TP ranks record
+    every step so). Each update should extend the kept steps (`steps_columns.extend`),
+    the close ones too; before, the first joined every step again, and so did every
+    later one (an engine with close records anywhere was joined record by record)."""
     short = _sliced((20,), seed=9, start_unix_s=start_s)  # about 10 s
     later = _sliced((60, 240), seed=10, start_unix_s=start_s + 600, modes=("push",))
     return _appends(directory / "grown-restarted", directory, short + later)

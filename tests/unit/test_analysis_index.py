@@ -494,9 +494,10 @@ def test_live_updates_equal_a_fresh_analysis(tmp_path: Path) -> None:
         assert idx.skew_edges() == _collect([d])
         seen.append((idx.last_reanalysed, idx.last_rows_written, run.clock_offsets))
         how.append(idx.last_steps)
-    # the steps: placed again where offsets moved (stages 1, 2), joined again where the
-    # other mode's engines arrive under the same ids (too close for the array join)
-    assert how == ["joined", "extended", "extended", "joined", "kept"]
+    # the steps: placed again where offsets moved (stages 1, 2), and extended also where
+    # the other mode's engines arrive under the same ids, their step numbers repeating
+    # within seconds (before, those were joined again whole: `steps_columns.extend`)
+    assert how == ["joined", "extended", "extended", "extended", "kept"]
     assert len(run.requests) == 100
     assert "prefill-1" in seen[2][2]
     offsets = [{k: o.offset_ms for k, o in s[2].items()} for s in seen]

@@ -316,11 +316,50 @@ def _spread_docs(gen: synthetic.SyntheticRun, shift_s: int) -> list[dict]:
     return [*gen.documents, *later]
 
 
-# (both modes' runs, a restart under the same engine id this many s later, every seq's
-# records spread: joined by arrays alone?)
+def _tp_docs(gen: synthetic.SyntheticRun) -> list[dict]:
+    """`gen`'s documents with every worker's ``engine.steps`` also recorded by a second
+    TP rank: another process (pid + 50), each step starting 5 us later."""
+    import copy
+
+    ranks = []
+    for doc in gen.documents:
+        for rs in doc["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                spans = [
+                    copy.deepcopy(sp)
+                    for sp in ss["spans"]
+                    if sp["name"] == sc.SPAN_ENGINE_STEPS
+                    and any(a["key"] == sc.STEP_DURATION_US for a in sp.get("attributes", ()))
+                ]
+                if not spans:
+                    continue
+                res = copy.deepcopy(rs["resource"])
+                for a in res["attributes"]:
+                    if a["key"] == "process.pid":
+                        a["value"] = {"intValue": str(int(a["value"]["intValue"]) + 50)}
+                for sp in spans:
+                    sp["spanId"] = sp["spanId"][::-1]
+                    for a in sp["attributes"]:
+                        if a["key"] == sc.STEP_START_NS:
+                            for v in a["value"]["arrayValue"]["values"]:
+                                v["intValue"] = str(int(v["intValue"]) + 5_000)
+                ranks.append(
+                    {"resourceSpans": [{"resource": res, "scopeSpans": [{**ss, "spans": spans}]}]}
+                )
+    return [*gen.documents, *ranks]
+
+
+def _case_docs(run: synthetic.SyntheticRun, shift_s: int | str | None) -> list[dict]:
+    if shift_s == "tp":
+        return _tp_docs(run)
+    return run.documents if shift_s is None else _spread_docs(run, shift_s)
+
+
+# (both modes' runs, a restart under the same engine id this many s later or "tp" (a
+# second TP rank's worker records), every seq's records spread: joined by arrays alone?)
 _JOIN_CASES = [
     (False, None, True), (False, 3600, True), (False, 25, True), (False, 3, False),
-    (False, 0, False), (True, None, False), (True, 3600, False),
+    (False, 0, False), (True, None, False), (True, 3600, False), (False, "tp", False),
 ]  # fmt: skip
 
 
@@ -331,7 +370,7 @@ def one_mode() -> synthetic.SyntheticRun:
 
 @pytest.mark.parametrize(("two_modes", "shift_s", "spread"), _JOIN_CASES)
 def test_columns_equal_the_object_join(
-    gen, one_mode, monkeypatch, two_modes: bool, shift_s: int | None, spread: bool
+    gen, one_mode, monkeypatch, two_modes: bool, shift_s: Any, spread: bool
 ) -> None:
     """Steps as columns equal the object implementation, step by step: seqs joined by
     arrays (a seq repeats only far apart: an engine restarted under its id) and by the
@@ -340,7 +379,7 @@ def test_columns_equal_the_object_join(
     from tracedpush.analysis import steps_columns
 
     run = gen if two_modes else one_mode
-    docs = run.documents if shift_s is None else _spread_docs(run, shift_s)
+    docs = _case_docs(run, shift_s)
     greedy = []
     real_greedy = steps_columns._greedy_pairs
 
@@ -397,7 +436,7 @@ def test_extended_steps_equal_steps_joined_at_once(
     one_mode,
     monkeypatch,
     two_modes: bool,
-    shift_s: int | None,
+    shift_s: Any,
     spread: bool,
     arrival: str,
     slack_ms: int | None,
@@ -407,13 +446,12 @@ def test_extended_steps_equal_steps_joined_at_once(
     `test_columns_equal_the_object_join`, spans arriving in order of their end (a live
     run) or shuffled, in chunks of every size, placed on a skewed clock or not (or
     first on the other: offsets that moved), and through a pickled copy (as an index
-    keeps them): the same columns, samples and engines as one join of every span; or
-    None, only where a seq's records are close together (near the new ones: the
-    synthetic runs last seconds, so with the join's slack, 10 s, that is everywhere in
-    those cases).
-    A 20 ms slack leaves most steps as they were, and then the runs with close seqs
-    (before, never extended) extend too, except the one whose copy is the same steps
-    at the same times.
+    keeps them): the same columns, samples and engines as one join of every span, with
+    seqs close together or not (before, those never extended); None only where two
+    records of a seq start at the same ns (the copy of a run at the same times), or
+    where new records reach back past the engine's recent ones (the copy an hour later:
+    `_spread_docs` moves step times, not span times, so spans arrive an hour apart).
+    A 20 ms slack leaves most steps as they were.
     What TPOT breakdowns keep of the steps (`TpotSteps`), made from the last ones at
     each refresh, equals them made afresh, and so do the windows where they changed."""
     import dataclasses
@@ -426,7 +464,7 @@ def test_extended_steps_equal_steps_joined_at_once(
     from tracedpush.analysis.steps import StepParts
 
     run = gen if two_modes else one_mode
-    docs = run.documents if shift_s is None else _spread_docs(run, shift_s)
+    docs = _case_docs(run, shift_s)
     spans = [s for s in TraceStore.from_documents(docs).all_spans() if s.name in sc.PROCESS_SPANS]
     # D's worker on a clock of its own, 5 ms off its scheduler's, and a third of its
     # records lost: lone scheduler records and worker steps that the placement
@@ -453,6 +491,9 @@ def test_extended_steps_equal_steps_joined_at_once(
     }
     if slack_ms is not None:
         monkeypatch.setattr(steps_mod, "_JOIN_SLACK_NS", slack_ms * 10**6)
+        # raw records kept as long as with the real slack (80 s): an engine.steps span
+        # holds seconds of steps, and arrives whole
+        monkeypatch.setattr(steps_mod.cols, "RECENT_SLACKS", 80_000 // slack_ms)
     kept_steps = 0  # steps a TpotSteps took from the last one unchanged
     refused = 0  # refreshes that `extended` left to a join of every span
     for first, applied in ((skewed, skewed), ({}, {}), ({}, skewed), (skewed, {})):
@@ -469,7 +510,7 @@ def test_extended_steps_equal_steps_joined_at_once(
                 was = got
                 got = got.extended(StepParts().extend(spans[a:b]), [], applied)
                 if got is None:
-                    assert not spread, cuts
+                    assert shift_s in (0, 3600), cuts
                     refused += 1
                     break
                 fresh = TpotSteps(got)  # first: it fills the steps' solo cache
@@ -489,10 +530,10 @@ def test_extended_steps_equal_steps_joined_at_once(
             assert got.engines == want.engines and got.spans == want.spans
             assert [(r, role) for r, role in got.origins] == list(dict.fromkeys(want.origins))
             _same_tpot_steps(tp, TpotSteps(want))
-    if slack_ms is None and not spread:
-        assert refused  # close seqs near every refresh's new steps (see above)
+    if shift_s != 3600:
+        assert bool(refused) == (shift_s == 0)
     if slack_ms is not None and shift_s != 0:
-        assert kept_steps and not refused  # the refreshes took unchanged steps
+        assert kept_steps  # the refreshes took unchanged steps
 
 
 def _same_tpot_steps(a: Any, b: Any) -> None:
@@ -523,29 +564,99 @@ def _records(side: str, *rows: tuple[int, int]) -> np.ndarray:
     return c
 
 
-def test_extending_looks_back_far_enough() -> None:
-    """`steps_columns.extend` at its edges (slack 100 ns). A scheduler record merged
-    into a worker step that started before the look-back still counts against a new
-    record of its seq (the join would no longer be exact: None), and the records a
-    join merged come apart again as they were."""
-    from tracedpush.analysis import steps_columns as cols
+def _extended(cols: Any, placed: Any, kept: Any, sched: Any, work: Any, off: Any, slack: int):
+    got = cols.extend(placed, kept, sched, work, off, slack)
+    return None if got is None else got[0]
 
+
+def _joined_placed(cols: Any, sched: Any, work: Any, off: Any, slack: int) -> Any:
+    return cols.place(cols.join(sched, work, slack), off)
+
+
+def test_extending_looks_back_far_enough() -> None:
+    """`steps_columns.extend` at its edges (slack 100 ns): a new record joins again
+    with the records of its seq less than two slacks before it, and through them with
+    the ones before those (a chain); a scheduler record merged into a worker step that
+    started before comes apart again. Where the chain reaches back past the records
+    kept raw (`recent`), the steps are taken apart instead, where that is exact (no
+    close seqs there), else None."""
+    cols = _cols()
     slack, off = 100, np.zeros(1, np.int64)
     w_old, s_old = _records("worker", (5, 0), (6, 300)), _records("scheduler", (5, 90), (6, 310))
     placed = cols.join(s_old, w_old, slack)
-    assert placed is not None and placed.shape[1] == 2  # both pairs merged
-    s_back, w_back = cols.unjoin(placed)
-    assert (s_back == s_old).all() and (w_back == w_old).all()
-    # the new scheduler record of seq 5 at 250 is within 2 slack of the old one at 90,
-    # which is past the look-back (250 - 2 slack = 50), while its worker step (0) is not
+    assert placed.shape[1] == 2  # both pairs merged
+    kept = cols.recent(np.concatenate([w_old, s_old], axis=1), slack)
+    assert kept[1] == 310 - cols.RECENT_SLACKS * slack  # every record from there on
+    # a new scheduler record of seq 5 at 250, within 2 slack of the old one at 90, which
+    # is within 2 slack of the worker step at 0: all three join again
     s_new = _records("scheduler", (5, 250))
-    assert cols.close_seqs(np.concatenate([s_old, s_new], axis=1), slack).tolist() == [5]
-    assert cols.extend(placed, s_new, _records("worker"), off, slack) is None
-    # one far enough away extends them
+    want = _joined_placed(cols, np.concatenate([s_old, s_new], axis=1), w_old, off, slack)
+    got = _extended(cols, placed, kept, s_new, _records("worker"), off, slack)
+    assert got is not None and got.shape == want.shape and (got == want).all()
+    # the same with records kept from 50 on only: the chain needs the one at 0
+    assert cols.extend(placed, (kept[0], 50), s_new, _records("worker"), off, slack) is None
+    # one far enough away extends them, records kept from 50 on or not
     s_far = _records("scheduler", (5, 900))
-    want = cols.join(np.concatenate([s_old, s_far], axis=1), w_old, slack)
-    got = cols.extend(placed, s_far, _records("worker"), off, slack)
+    want = _joined_placed(cols, np.concatenate([s_old, s_far], axis=1), w_old, off, slack)
+    got = _extended(cols, placed, (kept[0], 50), s_far, _records("worker"), off, slack)
     assert got is not None and (got == want).all()
+    # records older than those kept raw (a process that flushed late): where their
+    # seqs are spread, joined again from the steps themselves (`_extend_spread`)
+    got = _extended(cols, placed, (kept[0], 2_000), s_far, _records("worker"), off, slack)
+    assert got is not None and (got == want).all()
+    late = _records("scheduler", (5, 60))  # close to the one at 90: not without them
+    assert cols.extend(placed, (kept[0], 2_000), late, _records("worker"), off, slack) is None
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_extended_equals_joined_where_records_are_close(monkeypatch, seed: int) -> None:
+    """`steps_columns.extend`, over random records as close as they come (a seq
+    repeating within the slack on both sides, TP ranks within the rank slack, some
+    dropped by the join), placed with per-origin offsets, grown in random chunks that
+    arrive out of order: each extension equals one join of every record so far, step
+    for step; the records kept raw (`recent`) bring back what the joined steps lost (a
+    dropped rank's record, a scheduler record's own origin)."""
+    import random
+
+    from tracedpush.analysis import steps as steps_mod
+
+    cols = _cols()
+    slack, rank = 100, 30
+    monkeypatch.setattr(steps_mod, "_RANK_SLACK_NS", rank)
+    monkeypatch.setattr(cols, "RANK_SLACK_NS", rank)
+    rng = random.Random(seed)
+    starts = rng.sample(range(0, 700), 120)  # distinct: no two records tie (see `extend`)
+    rows = [(rng.randrange(10) + t // 200 * 5, t) for t in starts]  # seqs climb slowly
+    recs = [_records("worker" if rng.random() < 0.5 else "scheduler", r) for r in rows]
+    for r in recs:
+        r[cols.ORIGIN] = rng.randrange(3)
+    # arrival: roughly in time, chunks shuffled a little
+    recs.sort(key=lambda r: int(r[cols.START, 0]) + rng.randrange(150))
+    off = np.array([0, 40, -25], np.int64)
+    domains = np.array([0, 1, 0])  # origins 0 and 2: one process, two roles
+
+    def split(rs: list) -> tuple[Any, Any]:
+        c = np.concatenate(rs, axis=1) if rs else cols.empty()
+        w = c[cols.DURATION] != cols.NONE
+        return c[:, ~w], c[:, w]
+
+    first = rng.randrange(5, 40)
+    s, w = split(recs[:first])
+    placed = cols.place(cols.join(s, w, slack, domains), off)
+    kept = cols.recent(np.concatenate([w, s], axis=1), slack)
+    i, grown = first, 0
+    while i < len(recs):
+        j = min(len(recs), i + rng.randrange(1, 12))
+        s_new, w_new = split(recs[i:j])
+        got = cols.extend(placed, kept, s_new, w_new, off, slack, domains)
+        assert got is not None, (i, j)  # every record is within `recent` here
+        s, w = split(recs[:j])
+        want = cols.place(cols.join(s, w, slack, domains), off)
+        assert got[0].shape == want.shape and (got[0] == want).all(), (i, j)
+        assert (got[0][:, : got[1]] == placed[:, : got[1]]).all()  # the head it kept
+        placed, kept, i = got[0], got[2], j
+        grown += 1
+    assert grown
 
 
 def _cols() -> Any:
@@ -597,10 +708,10 @@ def test_join_equals_the_reference_where_records_are_close(monkeypatch, seed: in
 
 def test_an_engine_restarted_early_keeps_extending() -> None:
     """An engine restarted under its id while its first life's step numbers were
-    recent (close seqs, early in the run) no longer stops every later refresh from
-    extending its steps (before, each then joined every step again): new records far
-    from them extend exactly; new records whose seq has a close one near them are
-    left to a join of every record (None)."""
+    recent (close seqs, early in the run) does not stop later refreshes from
+    extending its steps (before, each then joined every step again), and neither do
+    new records whose seq has a close one near them (a restart now): their seqs' records
+    near them are joined again from the records kept raw."""
     cols = _cols()
     slack, off = 100, np.zeros(1, np.int64)
     # seqs 0..9 every 50 ns, then a restart at 120: seqs 0..9 again, then on to 40
@@ -610,16 +721,24 @@ def test_an_engine_restarted_early_keeps_extending() -> None:
     s_old = _records("scheduler", *((q, t + 3) for q, t in (*life1, *life2)))
     assert len(cols.close_seqs(w_old, slack))  # the restart: seqs 0.. twice within 2 slack
     placed = cols.join(s_old, w_old, slack)
-    w_new = _records("worker", (40, 120 + 50 * 40), (41, 120 + 50 * 41))
-    s_new = _records("scheduler", (40, 120 + 50 * 40 + 3), (41, 120 + 50 * 41 + 3))
-    got = cols.extend(placed, s_new, w_new, off, slack)
+    kept = cols.recent(np.concatenate([w_old, s_old], axis=1), slack)
+    end = 120 + 50 * 40
+    w_new = _records("worker", (40, end), (41, end + 50))
+    s_new = _records("scheduler", (40, end + 3), (41, end + 53))
     want = cols.join(
         np.concatenate([s_old, s_new], axis=1), np.concatenate([w_old, w_new], axis=1), slack
     )
+    got = _extended(cols, placed, kept, s_new, w_new, off, slack)
     assert got is not None and got.shape == want.shape and (got == want).all()
-    # a new record of seq 38 near the old one: the join rules can no longer be split
-    late = _records("worker", (38, 120 + 50 * 41 + 10))
-    assert cols.extend(placed, _records("scheduler"), late, off, slack) is None
+    # a third life from seq 0 again, 60 ns after the second's last step: close to it
+    w_3 = _records("worker", (0, end + 110), (38, end + 120))
+    want = cols.join(
+        np.concatenate([s_old, s_new], axis=1), np.concatenate([w_old, w_new, w_3], axis=1), slack
+    )
+    grown = cols.extend(placed, kept, s_new, w_new, off, slack)
+    assert grown is not None
+    got = _extended(cols, grown[0], grown[2], _records("scheduler"), w_3, off, slack)
+    assert got is not None and got.shape == want.shape and (got == want).all()
 
 
 def test_steps_placed_again_keep_the_joined_order_of_ties() -> None:

@@ -9,7 +9,7 @@ refresh the whole run. Here:
   parses only those and joins them into the kept steps (`EngineSteps.extended`);
   where the offsets moved, the kept steps are placed again first. `StepCache` keeps
   each process trace's parsed parts for when everything must be joined again (no steps
-  kept, a process trace replaced, a seq's records close together near the new ones);
+  kept, a process trace replaced, new records older than the engine's recent ones);
 * `changed_windows` compares D's step arrays before and after: where they differ (new
   steps, a scheduler record joined to a worker one), in time, and whether an engine's
   solo forward cost moved. Only requests whose decode window meets a changed stretch
@@ -19,7 +19,7 @@ refresh the whole run. Here:
   new tail, its solo forward cost the median of a sorted array kept up to date, and
   `changed_windows` does not compare the head again. At 200,000 requests (4.7 M steps)
   that was 0.4 s of every refresh, now 0.03 s; what stays proportional to the run is a
-  copy of the steps' columns (`steps_columns.extend_prefix`) and the run's columns.
+  copy of the steps' columns (`steps_columns.extend`) and the run's columns.
 """
 
 from __future__ import annotations

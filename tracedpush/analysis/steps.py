@@ -486,6 +486,7 @@ class StepParts:
             n_work = sum(b.shape[1] for b in work)
             table = cols.stacked(work, self.sched.pop(eid, []))
             store.columns[eid] = cols.join_table(table, n_work, _JOIN_SLACK_NS, domains)
+            store.recent[eid] = cols.recent(table, _JOIN_SLACK_NS)
         return store
 
     def placed(self, resources: Iterable[Resource], applied_ms: dict[str, float]) -> EngineSteps:
@@ -529,6 +530,9 @@ class EngineSteps:
         self.spans = 0  # process spans read
         self.resources: list[Resource] = []  # every process span's, as first seen
         self.offsets = np.zeros(1, np.int64)  # ns per origin, as placed
+        # per engine, its latest records as read (raw clocks, every one from a time on:
+        # `steps_columns.recent`), for `extended`
+        self.recent: dict[str, tuple[cols.Columns, int]] = {}
         self._lists: dict[str, list[EngineStep]] = {}
         # per engine, the latest end among steps[0..i] (nondecreasing: bisectable)
         self._max_end: dict[str, np.ndarray] = {}
@@ -544,7 +548,7 @@ class EngineSteps:
                 "samples": _pack_samples(self.samples)}  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({"recent": {}, **state})  # kept by older code: none
         self.samples = _unpack_samples(state["samples"])
 
     def __bool__(self) -> bool:
@@ -580,11 +584,11 @@ class EngineSteps:
     ) -> EngineSteps | None:
         """What `StepParts.placed` makes of every process span, from these steps (placed
         with `applied_ms`) and `parts` (the process spans that arrived since), joining
-        again only the records near the new ones (`steps_columns.extend`); where the
+        again only the new records' seqs near them (`steps_columns.extend`); where the
         offsets moved, these steps are placed again first (`steps_columns.moved`), not
-        joined again. None where that would not be exact: a seq's records of one side
-        close together near the new ones (`steps_columns.extend_prefix`). Uses `parts`
-        up; these steps are not changed."""
+        joined again. None where that would not be exact: new records that reach back
+        past an engine's `recent` ones (older than 80 s before its latest), or steps kept
+        by older code without them. Uses `parts` up; these steps are not changed."""
         out = EngineSteps()
         out.origins = list(self.origins)
         number = {o: i for i, o in enumerate(out.origins)}  # by equality: see `_offsets`
@@ -593,6 +597,8 @@ class EngineSteps:
                 number[o] = len(out.origins)
                 out.origins.append(o)
         remap = np.array([number[o] for o in parts.origins] or [0], np.int64)
+        domain: dict[Resource, int] = {}  # by equality too: a kept one is a copy
+        domains = np.array([domain.setdefault(r, len(domain)) for r, _ in out.origins] or [0])
         out.resources = list(
             {**dict.fromkeys(self.resources), **dict.fromkeys(parts.resources.values())}
         )
@@ -610,10 +616,12 @@ class EngineSteps:
             new = [cols.concat(side.pop(eid, ())) for side in (parts.sched, parts.work)]
             for c in new:
                 c[cols.ORIGIN] = remap[c[cols.ORIGIN]]
-            got = cols.extend_prefix(old.get(eid, cols.empty()), *new, off, _JOIN_SLACK_NS)
+            kept = self.recent.get(eid) if eid in old else (cols.empty(), cols.NONE)
+            got = cols.extend(old.get(eid, cols.empty()), kept, *new, off, _JOIN_SLACK_NS, domains)
             if got is None:
                 return None
             out.columns[eid], same[eid] = got[0], 0 if moved else got[1]
+            out.recent[eid] = got[2]
         out.grown_from = (self.token, same)
         out.offsets = off
         out.samples = sorted(self.samples + parts.samples, key=lambda x: x.time_ns)

@@ -54,6 +54,10 @@ _SCHEDULER_ARRAYS = (
 )
 Columns = np.ndarray  # shape (len(FIELDS), steps), int64
 RANK_SLACK_NS = 10**9  # other TP ranks record the same step within this
+# raw records kept beside the joined steps, per engine (`recent`), for `extend`: in join
+# slacks before the latest start (80 s: new records may come that much later than the
+# latest, less the 20 s they look back, before every record is joined again)
+RECENT_SLACKS = 8
 
 
 def empty() -> Columns:
@@ -234,7 +238,8 @@ def place(c: Columns, offsets: np.ndarray, *, own: bool = False) -> Columns:
 
 def moved(c: Columns, was: np.ndarray, now: np.ndarray) -> Columns:
     """Steps `join` made and `place` placed with offsets `was`, placed with `now`
-    instead: `join` sorts by (start, seq) with no ties, so the raw times sorted again
+    instead: `join` sorts by (start, seq), with no ties but between records of one seq
+    starting at the same ns (which no two clocks make), so the raw times sorted again
     are its output."""
     raw = _shifted(c, was, 1)
     return place(raw[:, np.lexsort((raw[SEQ], raw[START]))], now)
@@ -252,10 +257,92 @@ def _shifted(c: Columns, offsets: np.ndarray, sign: int, *, copy: bool = True) -
     return out
 
 
+def recent(table: Columns, slack_ns: int) -> tuple[Columns, int]:
+    """(the records of `table`, raw as `block` made them, from `RECENT_SLACKS` join
+    slacks before its latest start on, that time; `NONE` for no records, all of them):
+    what `extend` needs of an engine's records besides its joined steps."""
+    if not table.shape[1]:
+        return empty(), NONE
+    since = int(table[START].max()) - RECENT_SLACKS * slack_ns
+    return table[:, table[START] >= since], since
+
+
+def extend(
+    placed: Columns,
+    kept: tuple[Columns, int] | None,
+    sched: Columns,
+    work: Columns,
+    offsets: np.ndarray,
+    slack_ns: int,
+    domains: np.ndarray | None = None,
+) -> tuple[Columns, int, tuple[Columns, int]] | None:
+    """`place(join(every scheduler record, every worker record), offsets)` of an engine
+    whose earlier records made `placed` (by `join`, with these offsets) and which has
+    `sched` and `work` since, joining again only the records of the new ones' seqs near
+    them. `kept`: `recent` of the earlier records (None: unknown). With the steps, how
+    many of the first ones are `placed`'s, unchanged (what follows them is new or joined
+    again), and `recent` of every record. None where that would not be exact (the caller
+    joins every record again): two records of one seq and side start at the same ns (the
+    reference orders those by reading order), or the new records reach back past what
+    `kept` holds and their seqs' records there are not spread (`_extend_spread`).
+
+    The join is per seq, so steps of other seqs stay as they were. For the new ones'
+    seqs, let lo be the earliest new start, moved back while a record of those seqs
+    starts less than twice the slack before it. Records of one seq more than twice the
+    slack apart never meet in `steps.join` (a pair is within the slack, another TP
+    rank's record within `RANK_SLACK_NS`, a candidate too far to pair changes nothing),
+    so those seqs' steps before lo stay too, and their records from lo on (every one in
+    `kept`, raw, with its origin: a joined step lost its scheduler half's, and a dropped
+    rank's is gone) and the new ones are joined again, placed, and replace their steps
+    from lo on. Steps placed earlier than lo minus the largest offset are untouched; the
+    stretch after is sorted again, old steps first among ties, as in the joined order."""
+    new = np.concatenate([work, sched], axis=1)
+    if kept is None:
+        return None
+    if not new.shape[1]:
+        return placed, placed.shape[1], kept
+    old, since = kept
+    seqs = np.unique(new[SEQ])
+    pool = np.concatenate([old, new], axis=1)
+    ours = pool[:, np.isin(pool[SEQ], seqs)]
+    lo = int(new[START].min())
+    while True:  # back while a record of these seqs is within twice the slack before lo
+        near = ours[START][(ours[START] < lo) & (ours[START] >= lo - 2 * slack_ns)]
+        if not len(near):
+            break
+        lo = int(near.min())
+    if lo - 2 * slack_ns < since:  # older than the records kept: without them
+        got = _extend_spread(placed, sched, work, offsets, slack_ns)
+        return None if got is None else (*got, recent_after(pool, since, slack_ns))
+    again = ours[:, ours[START] >= lo]
+    o = np.lexsort((again[START], again[DURATION] != NONE, again[SEQ]))
+    key = again[:, o][[SEQ, START]]
+    w = (again[DURATION] != NONE)[o]
+    if ((key[0, 1:] == key[0, :-1]) & (key[1, 1:] == key[1, :-1]) & (w[1:] == w[:-1])).any():
+        return None
+    is_w = again[DURATION] != NONE
+    joined = join(again[:, ~is_w], again[:, is_w], slack_ns, domains)
+    fresh = _shifted(joined, offsets, -1)
+    k = int(np.searchsorted(placed[START], lo - int(offsets.max()), side="left"))
+    tail = placed[:, k:]
+    raw_start = tail[START] + offsets[tail[ORIGIN]]
+    stays = ~(np.isin(tail[SEQ], seqs) & (raw_start >= lo))
+    region = np.concatenate([tail[:, stays], fresh], axis=1)
+    region = region[:, np.lexsort((region[SEQ], region[START]))]
+    return np.concatenate([placed[:, :k], region], axis=1), k, recent_after(pool, since, slack_ns)
+
+
+def recent_after(pool: Columns, since: int, slack_ns: int) -> tuple[Columns, int]:
+    """`recent` of an engine's records once `pool` (what it kept, then the new ones) is
+    all of them from `since` on."""
+    got, since_now = recent(pool, slack_ns)
+    return got, max(since, since_now)
+
+
 def unjoin(c: Columns) -> tuple[Columns, Columns]:
     """(scheduler, worker) records as `block` made them, back from `join`'s output: a
     merged record (a duration and a scheduled time) splits in two. Its scheduler half
-    gets the worker's origin, which `extend` never places (see there)."""
+    gets the worker's origin, which `_extend_spread` never places (see there)."""
     work = c[DURATION] != NONE
     merged = c[:, work & (c[SCHED] != NONE)]
     w = c[:, work]
@@ -266,22 +353,12 @@ def unjoin(c: Columns) -> tuple[Columns, Columns]:
     return np.concatenate([c[:, ~work], s], axis=1), w
 
 
-def extend(
-    placed: Columns, sched: Columns, work: Columns, offsets: np.ndarray, slack_ns: int
-) -> Columns | None:
-    """`extend_prefix` without the prefix."""
-    got = extend_prefix(placed, sched, work, offsets, slack_ns)
-    return None if got is None else got[0]
-
-
-def extend_prefix(
+def _extend_spread(
     placed: Columns, sched: Columns, work: Columns, offsets: np.ndarray, slack_ns: int
 ) -> tuple[Columns, int] | None:
-    """`place(join(every scheduler record, every worker record), offsets)` of an engine
-    whose earlier records made `placed` (by `join`, with these offsets) and which has
-    `sched` and `work` since, joining again only the records near the new ones. None
-    where that would not be exact: a seq with records of one side within twice the
-    slack of each other near the new ones (the caller joins every record again).
+    """`extend` without the records kept raw, for new records older than those: exact
+    where no seq has records of one side within twice the slack of each other near the
+    new ones (else None).
 
     Let t be the earliest new start. A pair is two records of one seq less than the
     slack apart. Where the records of one side and seq that start from t - 4 slack on
