@@ -568,6 +568,75 @@ def test_an_update_writes_the_new_traces_not_the_run(tmp_path: Path) -> None:
     idx.close()
 
 
+def test_a_moved_clock_splits_again_only_the_tpot_its_steps_meet(tmp_path: Path) -> None:
+    """Two deployments at the same time: a real one (one host) and a synthetic one
+    whose clocks move with new requests. P's steps are placed again and D gets new
+    steps; the real engines' steps stay as they were, so an update splits the TPOT of
+    the synthetic requests (analysed again, their offsets moved) and not of the real
+    ones (their offsets and steps held, though their decode windows meet the changed
+    steps' times), and the run equals `analyze()`."""
+    skew_ms = {synthetic.DECODE_INSTANCE: 20.0, synthetic.PREFILL_INSTANCE: -8.0}
+    real_start_s = 1_796_128_712  # tests/data/real-run.jsonl.gz: push 13-32 s after
+    gen = synthetic.generate(
+        40,
+        seed=22,
+        batch=4,
+        modes=("push",),
+        clock_offsets_ms=skew_ms,
+        hosts=UNTIED,
+        start_unix_s=real_start_s + 8,
+    )
+    pieces = _pieces(gen.documents)
+    roots = [p[2]["traceId"] for p in pieces if p[2]["name"] == sc.SPAN_REQUEST]
+    late = set(roots[30:])
+    first = [p for p in pieces if p[2]["traceId"] not in late]
+    second = [  # a new lowest slack, the pairs still consistent (so one clock moves)
+        _moved(p, -1_000_000) if _service(p) == sc.SERVICE_DECODE else p
+        for p in pieces
+        if p[2]["traceId"] in late
+    ]
+    d = tmp_path / "traces"
+    d.mkdir()
+    with gzip.open(REAL, "rb") as fh, (d / "real.jsonl").open("wb") as out:
+        shutil.copyfileobj(fh, out)
+    (d / "run.jsonl").write_text("".join(map(_line, first)))
+    idx = AnalysisIndex([d], index_dir=tmp_path / "index")
+    before = idx.update()
+    real = [r for r in before.requests if r.trace_id not in set(roots)]
+    assert len(real) > 20 and all(r.tpot_breakdown_ms for r in before.requests if r.tpot_ms)
+    ours = [r.start_unix_ms for r in before.requests if r.trace_id in set(roots)]
+    assert sum(min(ours) < r.start_unix_ms < max(ours) for r in real) > 5  # at one time
+    # a window of changed steps meets the requests of its engine, and those whose
+    # engine is none of the run's (split over the only decode engine, if one)
+    slots, off = idx._slots, idx._off_ns
+    assert slots is not None
+    engine = {r.trace_id: idx._kept[r.trace_id].facts.engine for r in before.requests}
+    engines = set(engine.values())
+    assert len(engines) == 2 and None not in engines
+    split = {r.trace_id for r in before.requests if r.tpot_ms}
+
+    def meets(eid: str) -> set[str]:
+        return {t for t, _k in slots.at(slots.meeting([(eid, 0, 1 << 62)], off, engines))}
+
+    for eid in engines:
+        assert meets(eid) == {t for t in split if engine[t] == eid}
+    lost = next(r.trace_id for r in real if r.tpot_ms)
+    slots.engine[idx._kept[lost].facts.seq] = None
+    assert all(lost in meets(eid) for eid in engines)
+    slots.engine[idx._kept[lost].facts.seq] = engine[lost]
+    with (d / "run.jsonl").open("a") as fh:
+        fh.writelines(map(_line, second))
+    run = idx.update()
+    was = before.clock_offsets
+    moved = [k for k, o in run.clock_offsets.items() if o.offset_ms != was[k].offset_ms]
+    # the synthetic proxy's and P's (D's is the synthetic clocks' reference: 0)
+    assert sorted(moved) == sorted([synthetic.PROXY_INSTANCE, synthetic.PREFILL_INSTANCE])
+    assert idx.last_steps == "extended"
+    assert set(idx._tpot_saved) == set(roots) and idx.last_tpot_redone == 40
+    same(run, reference([d]))
+    idx.close()
+
+
 def test_moved_offsets_are_caught_up_within_a_budget(tmp_path: Path) -> None:
     """When the clock offsets move, a Live refresh (``update(reanalyse_at_most=N)``)
     analyses the new traces and at most N of the earlier ones they moved, newest
@@ -594,6 +663,7 @@ def test_moved_offsets_are_caught_up_within_a_budget(tmp_path: Path) -> None:
     before = idx.update(reanalyse_at_most=4).clock_offsets
     assert idx.behind == 0 and idx.last_reanalysed == 45
     seq = {t: k.facts.seq for t, k in idx._kept.items() if k.facts.res}  # requests
+    tpot = {t: idx._kept[t].tpot for t in seq}
     with (d / "run.jsonl").open("a") as fh:
         fh.writelines(map(_line, second))
     moved = idx.update(reanalyse_at_most=4).clock_offsets
@@ -602,6 +672,10 @@ def test_moved_offsets_are_caught_up_within_a_budget(tmp_path: Path) -> None:
     # the newest earlier requests first
     redone = [t for t in idx._stale_saved if t not in late]
     assert sorted(seq[t] for t in redone) == sorted(seq.values())[-4:]
+    # the steps moved with D's clock, but the TPOT of those behind waits with the rest
+    left = set(seq) - set(redone)
+    assert idx.last_tpot_redone == 15 + 4
+    assert all(idx._kept[t].tpot == tpot[t] for t in left) and any(tpot.values())
     for _ in range(3):
         idx.update(reanalyse_at_most=4)
         assert idx.last_new == 0 and idx.last_reanalysed == 4
@@ -613,6 +687,7 @@ def test_moved_offsets_are_caught_up_within_a_budget(tmp_path: Path) -> None:
     while warm.behind:
         run = warm.update(reanalyse_at_most=10)
     same(run, reference([d]))
+    assert any(warm._kept[t].tpot != tpot[t] for t in left)  # caught up, TPOT too
     same_columns(run.columns(), RunColumns.from_requests(reference([d]).requests))
     warm.close()
     # without a budget, at once (a report on an index the console left behind)

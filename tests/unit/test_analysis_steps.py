@@ -758,6 +758,56 @@ def test_steps_placed_again_keep_the_joined_order_of_ties() -> None:
     assert (cols.moved(cols.place(joined, was), was, now) == want).all()
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_steps_placed_again_equal_a_placing_of_the_join(seed: int, monkeypatch) -> None:
+    """`steps_columns.moved` equals `place` of the joined steps with the new offsets on
+    random records of three origins: when every origin moves by one time (its no-sort
+    path), when one origin moves, and when a shift brings steps of two origins onto one
+    ns (ties on the new clock). The no-sort path is taken where it may be (one shift,
+    no ties in the placed order), and only there."""
+    from tracedpush.analysis import steps_columns as cols
+
+    rng = np.random.default_rng(seed)
+    n = 300
+    seqs = rng.integers(0, 60, 2 * n).tolist()
+    starts = (rng.choice(4_000, 2 * n, replace=False) * 1_000).tolist()  # no two alike
+    seqs[n : n + n // 2] = seqs[: n // 2]  # half the scheduler records pair with a step
+    starts[n : n + n // 2] = starts[: n // 2]
+    w = _records("worker", *zip(seqs[:n], starts[:n], strict=True))
+    s = _records("scheduler", *((q, t + 3) for q, t in zip(seqs[n:], starts[n:], strict=True)))
+    w[cols.ORIGIN] = rng.integers(0, 3, n)
+    s[cols.ORIGIN] = rng.integers(0, 3, n)
+    s[cols.ORIGIN, : n // 2] = w[cols.ORIGIN, : n // 2]
+    # a lone scheduler record that origin 1 moved by -3,000 puts on a step of its seq
+    w[cols.ORIGIN, -1] = 0
+    lone = _records("scheduler", (seqs[n - 1], starts[n - 1] + 3_000))
+    lone[cols.ORIGIN] = 1
+    joined = cols.join(np.concatenate([s, lone], axis=1), w, 500)
+    assert joined is not None
+    was = np.array([0, 5_000, -2_000])
+    placed = cols.place(joined, was)
+    sorts: list[int] = []
+    lexsort = np.lexsort
+    monkeypatch.setattr(cols.np, "lexsort", lambda keys: sorts.append(len(keys)) or lexsort(keys))
+    for now, no_sort in (
+        (was + 700, True),  # one clock moved under every origin
+        (np.array([0, 5_000, 1_000]), False),
+        (np.array([0, 3_000, -2_000]), False),  # origin 1 onto origin 0's times: ties
+    ):
+        sorts.clear()
+        got = cols.moved(placed, was, now)
+        assert (not sorts) == no_sort, sorts
+        want = cols.place(joined, now)
+        assert got.shape == want.shape and (got == want).all(), now
+        ties = (np.diff(want[cols.START]) == 0) & (np.diff(want[cols.SEQ]) == 0)
+        if now[1] == 3_000:
+            assert ties.any()  # the case is what it says
+            for then in (was + 700, now + 500):  # from tied steps: sorted, still exact
+                sorts.clear()
+                assert (cols.moved(got, now, then) == cols.place(joined, then)).all()
+                assert sorts
+
+
 def test_steps_joined_from_one_table_let_their_blocks_go() -> None:
     """The build joins an engine's records from one table (`stacked`: worker blocks,
     then scheduler blocks), emptying the block lists as it copies them, so the blocks

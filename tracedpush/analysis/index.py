@@ -26,9 +26,10 @@ after a few more lines) did it all again. The index does each once:
 * **When the offsets move**, every request with a span on a moved clock must be
   analysed again: at 200,000 requests a minute of one core. ``update(reanalyse_at_most=
   N)`` (the console's Live refresh) analyses the new spans and at most N of those,
-  newest first, and leaves the rest for the next updates (`behind` says how many);
-  ``update()`` (a report) analyses them all. Results equal `analyze()`'s once `behind`
-  is 0.
+  newest first, and leaves the rest for the next updates (`behind` says how many),
+  TPOT breakdowns included (the steps placed anew split only the requests not left
+  behind); ``update()`` (a report) analyses them all. Results equal `analyze()`'s once
+  `behind` is 0.
 
 ``spans=True`` results (span views, for Perfetto and the console's timeline) are made
 on demand for the requests asked (`AnalysisIndex.request`).
@@ -208,6 +209,7 @@ class AnalysisIndex:
         self._slots: TraceSlots | None = None  # kept between updates (`index_live`)
         self.last_rows_written = 0  # traces whose facts, row or TPOT the last update wrote
         self._budget: int | None = None  # `update`'s reanalyse_at_most
+        self._left: set[str] = set()  # the traces the last update left behind
 
     # ------------------------------------------------------------------ storage
     def _connect(self) -> sqlite3.Connection:
@@ -680,6 +682,7 @@ class AnalysisIndex:
         if state.off is not None and off[: len(state.off)] == state.off and not state.behind:
             stale = [tid for tid in changed if self._kept[tid].facts.res]
             stale.sort(key=lambda t: self._kept[t].facts.seq)
+            self._left = set()
         else:
             stale = [
                 tid
@@ -712,12 +715,15 @@ class AnalysisIndex:
         if state.tpot_key != steps_key:
             now = self._tpot_steps(steps_key, engine_steps)
             where = None if before is None else changed_windows(before, now)
-            redo_all = where is None
-            if redo_all:
-                todo = slots.requests()
+            # the requests left behind on older offsets keep theirs until their turn
+            left = self._left
+            redo_all = where is None and not left
+            if where is None:
+                todo = [(t, k) for t, k in slots.requests() if t not in left]
             elif where:
-                fresh = set(stale)
-                todo += [(t, k) for t, k in slots.at(slots.meeting(where, off)) if t not in fresh]
+                skip = left.union(stale)
+                meet = slots.meeting(where, off, now.arrays.keys())
+                todo += [(t, k) for t, k in slots.at(meet) if t not in skip]
         self.last_tpot_redone = len(todo)
         self._tpot_saved = [t for t, _k in todo]
         # what TPOT breakdowns need of the steps is kept beside them
@@ -767,10 +773,11 @@ class AnalysisIndex:
 
     def _within_budget(self, stale: list[str], changed: dict[str, list[Span]]) -> list[str]:
         """`stale` cut to `update`'s budget: every changed trace, and at most the budget
-        of the others, newest first; `state.behind` counts the ones left."""
+        of the others, newest first; `state.behind` counts the ones left (`_left`)."""
         state = self._state
         assert state is not None
         state.behind = 0
+        self._left = set()
         budget = self._budget
         if budget is None:
             return stale
@@ -779,6 +786,7 @@ class AnalysisIndex:
             return stale
         moved.sort(key=lambda t: self._kept[t].facts.seq, reverse=True)
         state.behind = len(moved) - budget
+        self._left = set(moved[budget:])
         return [t for t in stale if t in changed] + moved[:budget]
 
     def _engine_steps(
@@ -921,12 +929,14 @@ class AnalysisIndex:
         self._steps_written = time.monotonic()
 
     def _tpot_before(self, key: Any) -> TpotSteps | None:
-        """The steps the kept TPOT breakdowns were made with, if the offsets are the same
-        now (`key`'s): what `changed_windows` compares the new steps with."""
+        """The steps the kept TPOT breakdowns were made with, if not `key`'s: what
+        `changed_windows` compares the new steps with. Also when the offsets moved: a
+        request whose own offsets hold (others are analysed again, or left behind) has
+        the same decode window, so only the steps that moved can change its breakdown."""
         state = self._state
         assert state is not None
         was = state.tpot_key
-        if was is None or was == key or was[1] != key[1]:
+        if was is None or was == key:
             return None
         if self._tpot is not None and self._tpot[0] == was:
             return self._tpot[1]

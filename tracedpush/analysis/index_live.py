@@ -24,7 +24,7 @@ skew evidence on the first update that needs it: a warm report needs none).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence, Set
 from itertools import chain
 
 import numpy as np
@@ -38,7 +38,7 @@ from tracedpush.analysis.timeline import bucket_label, load_label
 Key = tuple[int, int]  # (resource a, resource b) of a causal pair: a before b
 # the arrays with one entry per slot, and what a slot not written holds
 _PER_SLOT = {"kept": None, "tid": None, "root_res": -1, "root_iv": 0, "process": False,
-             "request": False, "tpot": None}  # fmt: skip
+             "request": False, "tpot": None, "engine": None}  # fmt: skip
 
 
 class TraceSlots:
@@ -58,6 +58,7 @@ class TraceSlots:
         self.process = np.empty(0, dtype=bool)  # holds per-process spans
         self.request = np.empty(0, dtype=bool)  # a request of the run: a result row
         self.tpot = np.empty(0, dtype=object)  # TPOT breakdown
+        self.engine = np.empty(0, dtype=object)  # decode engine id (`TraceFacts.engine`)
         self.columns = SlotColumns()
         self.touched: set[int] = set()
         self._skew: SkewEvidence | None = None  # made on first use
@@ -82,6 +83,7 @@ class TraceSlots:
         ivs = chain.from_iterable(f.root_iv or (0, 0) for f in facts)
         self.root_iv[at] = np.fromiter(ivs, dtype=np.int64, count=2 * n).reshape(n, 2)
         self.process[at] = np.fromiter((f.process for f in facts), dtype=bool, count=n)
+        self.engine[at] = np.fromiter((f.engine for f in facts), dtype=object, count=n)
         self.request[at] = False
         self.n = max(self.n, int(at.max()) + 1)
         self.touched.update(at.tolist())
@@ -126,10 +128,14 @@ class TraceSlots:
         at = np.flatnonzero(self.request[: self.n])
         return list(zip(self.tid[at].tolist(), self.kept[at].tolist(), strict=True))
 
-    def meeting(self, windows: Sequence[tuple[int, int]], off: Sequence[int]) -> list[int]:
+    def meeting(
+        self, windows: Sequence[tuple[str, int, int]], off: Sequence[int], engines: Set[str]
+    ) -> list[int]:
         """Slots of the requests whose decode window (on the reference clock, with the
-        resources' ns offsets `off`) may meet one of `windows`: a superset, by a
-        millisecond, of those whose TPOT breakdown reads a step there."""
+        resources' ns offsets `off`) may meet one of `windows` (engine id, start, end)
+        on that engine: a superset, by a millisecond, of those whose TPOT breakdown
+        reads a step there. A request whose engine is not among the run's `engines`
+        meets every engine's (it may be split over the only decode engine's steps)."""
         at = np.flatnonzero(self.request[: self.n] & (self.root_res[: self.n] >= 0))
         if not len(at) or not windows:
             return []
@@ -137,9 +143,12 @@ class TraceSlots:
         ttft, tpot, tokens = self.columns.decode_times(at)
         t0 = origin + ttft * 1e6
         t1 = t0 + tpot * (tokens - 1) * 1e6
+        engine = self.engine[at]
+        other = np.fromiter((e not in engines for e in engine.tolist()), bool, len(at))
         hit = np.zeros(len(at), bool)
-        for lo, hi in windows:
-            hit |= (t0 - 1e6 <= hi) & (t1 + 1e6 >= lo)  # NaN (no window) meets nothing
+        for eid, lo, hi in windows:
+            on = other | (engine == eid)
+            hit |= on & (t0 - 1e6 <= hi) & (t1 + 1e6 >= lo)  # NaN (no window) meets nothing
         return at[hit].tolist()
 
     def process_traces(self) -> list[str]:

@@ -7,19 +7,22 @@ refresh the whole run. Here:
 
 * `StepDelta` holds the process spans that arrived since the steps were made: an update
   parses only those and joins them into the kept steps (`EngineSteps.extended`);
-  where the offsets moved, the kept steps are placed again first. `StepCache` keeps
+  where an engine's offsets moved, its kept steps are placed again first. `StepCache` keeps
   each process trace's parsed parts for when everything must be joined again (no steps
   kept, a process trace replaced, new records older than the engine's recent ones);
 * `changed_windows` compares D's step arrays before and after: where they differ (new
-  steps, a scheduler record joined to a worker one), in time, and whether an engine's
-  solo forward cost moved. Only requests whose decode window meets a changed stretch
-  need their breakdown again; a moved solo cost changes every breakdown on its engine;
-* `TpotSteps` made from the last ones (steps extended, offsets unchanged) computes only
-  the steps after each engine's unchanged head: its arrays are the old head plus the
-  new tail, its solo forward cost the median of a sorted array kept up to date, and
-  `changed_windows` does not compare the head again. At 200,000 requests (4.7 M steps)
-  that was 0.4 s of every refresh, now 0.03 s; what stays proportional to the run is a
-  copy of the steps' columns (`steps_columns.extend`) and the run's columns.
+  steps, a scheduler record joined to a worker one, every step of an engine whose clock
+  moved), per engine and in time, and whether an engine's solo forward cost moved. Only
+  requests whose decode window meets a changed stretch of their engine need their
+  breakdown again (and those analysed again); a moved solo cost changes every breakdown
+  on its engine;
+* `TpotSteps` made from the last ones (steps extended, their engine's offsets
+  unchanged) computes only the steps after each engine's unchanged head: its arrays
+  are the old head plus the new tail, its solo forward cost the median of a sorted
+  array kept up to date, and `changed_windows` does not compare the head again. At
+  200,000 requests (4.7 M steps) that was 0.4 s of every refresh, now 0.03 s; what
+  stays proportional to the run is a copy of the steps' columns (`steps_columns.extend`)
+  and the run's columns.
 """
 
 from __future__ import annotations
@@ -345,13 +348,16 @@ def _block_sums(
     return out
 
 
-def changed_windows(old: TpotSteps | None, new: TpotSteps) -> list[Window] | None:
-    """Where TPOT breakdowns may differ between two versions of the run's steps: time
-    windows on the reference clock, or None for "anywhere" (no old steps, other engines,
-    or an engine's solo forward cost moved: it scales every breakdown on that engine).
+def changed_windows(old: TpotSteps | None, new: TpotSteps) -> list[tuple[str, int, int]] | None:
+    """Where TPOT breakdowns may differ between two versions of the run's steps: (engine
+    id, start, end) on the reference clock, or None for "anywhere" (no old steps, other
+    engines, or an engine's solo forward cost moved: it scales every breakdown on that
+    engine).
 
-    A request's breakdown reads the steps that end after its window starts and start
-    before it ends, so only requests whose window meets one of these can change."""
+    A request's breakdown reads the steps of its engine that end after its window starts
+    and start before it ends, so only requests whose window meets one of these on their
+    engine can change (`TraceSlots.meeting`). An engine whose steps all moved (its
+    clock's offset did) differs over its whole run: its requests, not the others."""
     if old is None or old.decode != new.decode or old.arrays.keys() != new.arrays.keys():
         return None
     same = new.same if new.base == old.token else {}  # the first steps known unchanged
@@ -364,7 +370,7 @@ def changed_windows(old: TpotSteps | None, new: TpotSteps) -> list[Window] | Non
             continue
         got = _differing(was, arr, same.get(eid, 0))
         if got is not None:
-            out.append(got)
+            out.append((eid, *got))
     return out
 
 

@@ -584,11 +584,12 @@ class EngineSteps:
     ) -> EngineSteps | None:
         """What `StepParts.placed` makes of every process span, from these steps (placed
         with `applied_ms`) and `parts` (the process spans that arrived since), joining
-        again only the new records' seqs near them (`steps_columns.extend`); where the
-        offsets moved, these steps are placed again first (`steps_columns.moved`), not
-        joined again. None where that would not be exact: new records that reach back
-        past an engine's `recent` ones (older than 80 s before its latest), or steps kept
-        by older code without them. Uses `parts` up; these steps are not changed."""
+        again only the new records' seqs near them (`steps_columns.extend`); the steps of
+        an engine whose offsets moved are placed again first (`steps_columns.moved`),
+        not joined again, and only they count as changed (`grown_from`). None where
+        that would not be exact: new records that reach back past an engine's `recent`
+        ones (older than 80 s before its latest), or steps kept by older code without
+        them. Uses `parts` up; these steps are not changed."""
         out = EngineSteps()
         out.origins = list(self.origins)
         number = {o: i for i, o in enumerate(out.origins)}  # by equality: see `_offsets`
@@ -607,10 +608,9 @@ class EngineSteps:
             off = _offsets(out.origins, [*resources, *out.resources], applied_ms)
         was = np.zeros_like(off)  # the offsets these steps were placed with
         was[: len(self.offsets)] = self.offsets
-        old = self.columns
-        moved = not np.array_equal(was, off)
-        if moved:
-            old = {eid: cols.moved(c, was, off) for eid, c in old.items()}
+        shift = was - off  # the engines whose steps moved are placed again
+        moved = {e for e, c in self.columns.items() if shift[c[cols.ORIGIN]].any()}
+        old = {e: cols.moved(c, was, off) if e in moved else c for e, c in self.columns.items()}
         same: dict[str, int] = {}
         for eid in sorted(old.keys() | parts.sched.keys() | parts.work.keys()):
             new = [cols.concat(side.pop(eid, ())) for side in (parts.sched, parts.work)]
@@ -620,7 +620,7 @@ class EngineSteps:
             got = cols.extend(old.get(eid, cols.empty()), kept, *new, off, _JOIN_SLACK_NS, domains)
             if got is None:
                 return None
-            out.columns[eid], same[eid] = got[0], 0 if moved else got[1]
+            out.columns[eid], same[eid] = got[0], 0 if eid in moved else got[1]
             out.recent[eid] = got[2]
         out.grown_from = (self.token, same)
         out.offsets = off

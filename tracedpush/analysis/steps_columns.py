@@ -240,16 +240,31 @@ def moved(c: Columns, was: np.ndarray, now: np.ndarray) -> Columns:
     """Steps `join` made and `place` placed with offsets `was`, placed with `now`
     instead: `join` sorts by (start, seq), with no ties but between records of one seq
     starting at the same ns (which no two clocks make), so the raw times sorted again
-    are its output."""
-    raw = _shifted(c, was, 1)
-    return place(raw[:, np.lexsort((raw[SEQ], raw[START]))], now)
+    are its output, and `place` sorts those by (start, seq) on the new clock.
+
+    One sort does both: by (new start, seq, raw start), ties in `c`'s order. Where
+    every step moves by the same time (an engine's processes share a clock, the usual
+    case) and `c` is in strict (start, seq) order (no ties for the raw start to break),
+    that is `c`'s order, and no sort is needed: at 200,000 requests the two sorts were
+    2.4 s of a Live refresh whose offsets moved."""
+    if not c.shape[1]:
+        return c
+    shift = (was - now)[c[ORIGIN]]
+    out = _shifted(c, shift, 1, per_step=True)
+    start, seq = c[START], c[SEQ]
+    ordered = (start[1:] > start[:-1]) | ((start[1:] == start[:-1]) & (seq[1:] > seq[:-1]))
+    if (shift == shift[0]).all() and ordered.all():
+        return out
+    return out[:, np.lexsort((start + was[c[ORIGIN]], out[SEQ], out[START]))]
 
 
-def _shifted(c: Columns, offsets: np.ndarray, sign: int, *, copy: bool = True) -> Columns:
+def _shifted(
+    c: Columns, offsets: np.ndarray, sign: int, *, copy: bool = True, per_step: bool = False
+) -> Columns:
     """Start, end and scheduled time moved by `sign` * their origin's offset (in a copy,
-    else in `c`)."""
+    else in `c`); `per_step`: `offsets` are already each step's."""
     out = c.copy() if copy else c
-    d = offsets[c[ORIGIN]] * sign
+    d = (offsets if per_step else offsets[c[ORIGIN]]) * sign
     out[START] += d
     out[END] += d
     has = out[SCHED] != NONE
