@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
+from tracedpush import semconv as sc
 from tracedpush.analysis import RunAnalysis, TraceStore, analyze
 from tracedpush.testing import synthetic
 from tracedpush.testing.synthetic import DECODE_INSTANCE, PREFILL_INSTANCE, PROXY_INSTANCE
@@ -202,3 +205,34 @@ def test_a_host_name_shared_by_two_clocks_is_not_tied() -> None:
     assert abs(o.offset_ms - 50.0) <= o.bound_ms
     assert run.clock_offsets[PREFILL_INSTANCE].host_clock
     assert run.clock_offsets[PREFILL_INSTANCE].offset_ms == 0.0
+
+
+def test_a_clock_that_jumps_elsewhere_leaves_one_host_tied() -> None:
+    """P shares the proxy's host; D's clock, on its own host, jumps 30 ms halfway
+    through, so D's pairs contradict each other (no single offset fits). D is reported
+    inconsistent; P keeps the proxy's clock (before, any contradiction untied every
+    host and P got a -0.35 ms "correction")."""
+    hosts = {PROXY_INSTANCE: "box", PREFILL_INSTANCE: "box", DECODE_INSTANCE: "d-box"}
+    gen = synthetic.generate(120, seed=5, hosts=hosts, clock_offsets_ms={DECODE_INSTANCE: 10})
+    docs = copy.deepcopy(gen.documents)
+    roots = [s["traceId"] for s in _spans(docs) if s["name"] == sc.SPAN_REQUEST]
+    late = set(roots[60:])
+    for rs in (rs for doc in docs for rs in doc["resourceSpans"]):
+        service = next(a["value"]["stringValue"] for a in rs["resource"]["attributes"]
+                       if a["key"] == sc.RES_SERVICE_NAME)  # fmt: skip
+        for span in (s for ss in rs["scopeSpans"] for s in ss["spans"]):
+            if service == sc.SERVICE_DECODE and span["traceId"] in late:
+                for key in ("startTimeUnixNano", "endTimeUnixNano"):
+                    span[key] = str(int(span[key]) + 30_000_000)
+                for e in span.get("events") or ():
+                    e["timeUnixNano"] = str(int(e["timeUnixNano"]) + 30_000_000)
+    run = analyze(TraceStore.from_documents(docs))
+    d = run.clock_offsets[DECODE_INSTANCE]
+    assert not d.consistent and not d.host_clock
+    p = run.clock_offsets[PREFILL_INSTANCE]
+    assert p.host_clock and p.offset_ms == 0.0 and p.bound_ms == 0.0, p
+
+
+def _spans(docs: list[dict]) -> list[dict]:
+    return [s for doc in docs for rs in doc["resourceSpans"] for ss in rs["scopeSpans"]
+            for s in ss["spans"]]  # fmt: skip

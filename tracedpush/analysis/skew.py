@@ -261,17 +261,27 @@ def _tie_hosts(
 
     Tying x to its anchor adds two zero-weight edges; on a consistent graph that makes a
     negative cycle exactly when a shortest path between them is already negative, and
-    the paths through the new edges update `d` in O(n^2), not a fresh Floyd-Warshall."""
+    the paths through the new edges update `d` in O(n^2), not a fresh Floyd-Warshall.
+    Where pairs contradict each other somewhere (a clock that jumped), the paths mean
+    nothing and `estimate_edges` judges each domain by its direct pairs with the
+    reference: so is a tie to the reference's host, by the direct pairs between the two
+    (a remote D whose clock jumped does not untie P from the proxy's host); other hosts'
+    domains are not tied then (each is judged alone)."""
     tied: set[str] = set()
-    if any(d[k][k] < 0 for k in nodes):
-        return w, tied, d  # contradictory pairs: no tie could be consistent
-    d = {a: dict(row) for a, row in d.items()}
+    consistent = all(d[k][k] >= 0 for k in nodes)
+    d = {a: dict(row) for a, row in d.items()} if consistent else d
     groups: dict[str, list[str]] = {}
     for x in sorted(nodes, key=lambda n: (n != reference, n)):
         if host.get(x):
             groups.setdefault(host[x], []).append(x)
     for anchor, *others in groups.values():
         for x in others:
+            if not consistent:  # only direct pairs count, the reference's: its host's
+                agree = w.get((anchor, x), INF) >= 0 and w.get((x, anchor), INF) >= 0
+                if anchor == reference and agree:
+                    w[(anchor, x)] = w[(x, anchor)] = 0.0
+                    tied.update((anchor, x))
+                continue
             if d[anchor][x] < 0 or d[x][anchor] < 0:
                 continue
             w[(anchor, x)] = min(w.get((anchor, x), INF), 0.0)
