@@ -103,20 +103,15 @@ def test_timeline_shows_the_engine_step_lane(served, driver, expected):
 def test_clicking_a_request_opens_its_timeline(served, driver):
     driver.get(served.url)
     browser.wait_rendered(driver, charts=5, timeout=120)
-    # The "every request" scatter is the last chart; select its first point the way
-    # plotly.js reports a click (plotly_selected), which Streamlit turns into a rerun.
-    picked = driver.execute_script(
+    # The "every request" scatter is the last chart; select its first point.
+    custom = browser.select_point(
+        driver,
         """
         const charts = document.querySelectorAll("[data-testid='stPlotlyChart'] .js-plotly-plot");
-        const gd = charts[charts.length - 1];
-        const trace = gd.data[0];
-        const custom = Array.from(trace.customdata[0]);
-        gd.emit('plotly_selected', {points: [{curveNumber: 0, pointNumber: 0, pointIndex: 0,
-            x: trace.x[0], y: trace.y[0], customdata: custom,
-            data: trace, fullData: gd._fullData[0]}]});
-        return custom[custom.length - 1];
-        """
+        return [charts[charts.length - 1], 0, 0];
+        """,
     )
+    picked = custom[-1]
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and "timeline" not in driver.current_url:
         time.sleep(0.1)
@@ -128,18 +123,16 @@ def test_clicking_a_request_opens_its_timeline(served, driver):
 def test_clicking_an_outlier_opens_its_timeline(served, driver):
     driver.get(f"{served.url}/phases")
     browser.wait_rendered(driver, charts=1, timeout=120)
-    picked = driver.execute_script(
+    custom = browser.select_point(
+        driver,
         """
         const gd = document.querySelector("[data-testid='stPlotlyChart'] .js-plotly-plot");
         const c = gd.data.findIndex(t => t.meta && t.meta.kind === 'phase_top'
             && t.meta.phase === 'prefill compute' && t.meta.mode === 'push');
-        const t = gd.data[c];
-        const custom = Array.from(t.customdata[0]);
-        gd.emit('plotly_selected', {points: [{curveNumber: c, pointNumber: 0, pointIndex: 0,
-            x: t.x[0], y: t.y[0], customdata: custom, data: t, fullData: gd._fullData[c]}]});
-        return custom[custom.length - 1];
-        """
+        return [gd, c, 0];
+        """,
     )
+    picked = custom[-1]
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and "timeline" not in driver.current_url:
         time.sleep(0.1)

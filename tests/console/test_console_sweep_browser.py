@@ -132,18 +132,15 @@ def test_clicking_a_point_picks_its_cell(served, driver):
     driver.get(f"{served.url}/sweep")
     browser.wait_rendered(driver, charts=3, timeout=120)
     n, q = SWEEP_LENS[0], SWEEP_QPS[0]
-    # select the pull point at (n, q) the way plotly.js reports a click (plotly_selected)
-    driver.execute_script(
+    # select the pull point at (n, q)
+    browser.select_point(
+        driver,
         """
         const gd = [...document.querySelectorAll("[data-testid='stPlotlyChart'] .js-plotly-plot")]
             .find(g => (g.layout.meta || {}).kind === 'sweep_tpot');
         const c = gd.data.findIndex(
             t => t.meta.mode === 'pull' && t.meta.input_len === arguments[0]);
-        const t = gd.data[c];
-        const i = Array.from(t.x).indexOf(arguments[1]);
-        const custom = Array.from(t.customdata[i]);
-        gd.emit('plotly_selected', {points: [{curveNumber: c, pointNumber: i, pointIndex: i,
-            x: t.x[i], y: t.y[i], customdata: custom, data: t, fullData: gd._fullData[c]}]});
+        return [gd, c, Array.from(gd.data[c].x).indexOf(arguments[1])];
         """,
         n,
         q,

@@ -124,6 +124,35 @@ def wait_rendered(driver: Any, *, charts: int = 1, timeout: float = 60.0) -> flo
     raise TimeoutError(f"page not rendered in {timeout} s: idle={idle} charts={charts_seen}")
 
 
+_SELECT = """
+const [gd, c, i] = (function () { %s }).apply(null, arguments);
+if (!gd || !gd._ev || gd._ev.listeners('plotly_selected').length === 0) return null;
+const t = gd.data[c];
+const custom = Array.from(t.customdata[i]);
+gd.emit('plotly_selected', {points: [{curveNumber: c, pointNumber: i, pointIndex: i,
+    x: t.x[i], y: t.y[i], customdata: custom, data: t, fullData: gd._fullData[c]}]});
+return custom;
+"""
+
+
+def select_point(driver: Any, find: str, *args: Any, timeout: float = 30.0) -> list[Any]:
+    """Select one point the way plotly.js reports a click (``plotly_selected``), which
+    Streamlit turns into a rerun; returns the point's customdata.
+
+    ``find`` is the body of a JavaScript function that returns ``[gd, curveNumber,
+    pointIndex]`` (``args`` are its ``arguments``). The event is emitted only once the
+    chart listens for it: react-plotly attaches its handlers after the SVG is drawn, so
+    an event emitted at once can go to nobody on a busy machine."""
+    deadline = time.monotonic() + timeout
+    while True:
+        custom = driver.execute_script(_SELECT % find, *args)
+        if custom is not None:
+            return custom
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no chart listened for plotly_selected within {timeout} s")
+        time.sleep(0.05)
+
+
 def exception_text(driver: Any) -> str:
     from selenium.webdriver.common.by import By
 
