@@ -4,9 +4,10 @@ on a benchmark sweep's results (``--bench``: the Sweep page).
 The app lives in ``console/`` at the top of the repository, installed as the
 ``tracedpush.console`` package (pyproject.toml maps it), so this command finds ``app.py``
 beside itself wherever tracedpush is installed. It imports neither Streamlit nor the
-app: it only builds a ``streamlit run`` command line, and the app parses the arguments
-after ``--`` itself (``console/source.py``), so ``streamlit run console/app.py -- ...``
-behaves the same.
+app: it only builds a ``streamlit run`` command line (run by ``console/server.py``, which
+loads the source while the server starts), and the app parses the arguments after ``--``
+itself (``console/source.py``), so ``streamlit run console/app.py -- ...`` behaves the
+same, only without that warm-up.
 """
 
 from __future__ import annotations
@@ -67,11 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def streamlit_command(
     app_args: list[str], *, port: int = DEFAULT_PORT, host: str = "127.0.0.1"
 ) -> list[str]:
-    """`python -m streamlit run` in headless mode: no browser, no telemetry, no reloader."""
+    """`python -m streamlit run` in headless mode (no browser, no telemetry, no reloader),
+    through `console.server`: the same command line, and the source is loaded as the
+    server starts."""
     return [
         sys.executable,
         "-m",
-        "streamlit",
+        "tracedpush.console.server",
         "run",
         str(app_path()),
         "--server.headless=true",

@@ -1,11 +1,11 @@
 """Loading and caching: one TraceStore and its latest analysis per source, for all sessions.
 
-Why a shared, mutable ``Feed`` behind ``st.cache_resource`` rather than ``st.cache_data``:
-a RunAnalysis of 10,000 requests is large, and ``cache_data`` would pickle it on every
-rerun. The feed keeps the store open, so a refresh reads only what was appended since
-(``TraceStore.refresh``) and re-analyses only when new spans arrived. Pages get an
-immutable ``Snapshot`` and never mutate it. Nothing here computes analysis results: it
-calls ``tracedpush.analysis`` and reshapes its output for drawing.
+Why a shared, mutable ``Feed`` (one per source for the server process, `feed`) rather
+than ``st.cache_data``: a RunAnalysis of 10,000 requests is large, and ``cache_data``
+would pickle it on every rerun. The feed keeps the store open, so a refresh reads only
+what was appended since (``TraceStore.refresh``) and re-analyses only when new spans
+arrived. Pages get an immutable ``Snapshot`` and never mutate it. Nothing here computes
+analysis results: it calls ``tracedpush.analysis`` and reshapes its output for drawing.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import logging
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -21,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import streamlit as st
 
 from tracedpush import analysis
 from tracedpush import semconv as sc
@@ -330,6 +330,31 @@ class _Like:
     load: int
 
 
+def no_requests_message(snap: Snapshot) -> tuple[str, str]:
+    """Why a snapshot has no request, as ("warning" | "info", text): the pages show it,
+    and the server's warm-up prints it (`console.server`)."""
+    stats = snap.stats
+    where = snap.source.label
+    last = stats.errors[-1] if stats is not None and stats.errors else "?"
+    if stats is not None and stats.fetch_errors and not stats.spans:
+        return "warning", f"Cannot read traces from {where}: {last}"
+    if stats is not None and stats.malformed and not stats.spans:
+        return "warning", (
+            f"No readable traces in {where}: {stats.malformed} malformed lines/documents "
+            f"skipped. Last problem: {last}"
+        )
+    if stats is not None and stats.spans:
+        return "info", (
+            f"{stats.spans} spans in {where}, but none forms a request yet (a request needs "
+            "its tracedpush spans). If a run is in progress, the Live page picks requests "
+            "up as they complete."
+        )
+    return "info", (
+        f"No traces in {where} yet. Run `tracedpush demo`, or send requests through "
+        "`tracedpush proxy` with tracing on; the Live page shows them as they arrive."
+    )
+
+
 def step_kind(prefill_tokens: int | None, decode_reqs: int | None, num_reqs: int | None) -> str:
     """What a step computed: "prefill" (prompt tokens only), "decode" (1-token requests
     only), "mixed" (both), "idle" (nothing scheduled: connector work only), "unknown" (no
@@ -590,7 +615,21 @@ class Feed:
         self._thread.start()
 
 
-@st.cache_resource(show_spinner=False, max_entries=8)
+MAX_FEEDS = 8  # sources a server keeps loaded (the least recently used goes first)
+_feeds: OrderedDict[Source, Feed] = OrderedDict()
+_feeds_lock = threading.Lock()
+
+
 def feed(source: Source) -> Feed:
-    """The shared feed for ``source``: one per source for the whole server."""
-    return Feed(source)
+    """The shared feed for ``source``: one per source for the whole server process.
+
+    A plain registry rather than ``st.cache_resource``: the server's warm-up thread
+    (`console.server`), which has no script run, fills it before the first visitor."""
+    with _feeds_lock:
+        got = _feeds.get(source)
+        if got is None:
+            got = _feeds[source] = Feed(source)
+            while len(_feeds) > MAX_FEEDS:
+                _feeds.popitem(last=False)
+        _feeds.move_to_end(source)
+        return got

@@ -85,27 +85,8 @@ def snapshot_or_message() -> tuple[data.Snapshot | None, str | None]:
 
 
 def no_requests(snap: data.Snapshot) -> None:
-    stats = snap.stats
-    where = snap.source.label
-    last = stats.errors[-1] if stats is not None and stats.errors else "?"
-    if stats is not None and stats.fetch_errors and not stats.spans:
-        st.warning(f"Cannot read traces from {where}: {last}")
-    elif stats is not None and stats.malformed and not stats.spans:
-        st.warning(
-            f"No readable traces in {where}: {stats.malformed} malformed lines/documents "
-            f"skipped. Last problem: {last}"
-        )
-    elif stats is not None and stats.spans:
-        st.info(
-            f"{stats.spans} spans in {where}, but none forms a request yet (a request needs "
-            "its tracedpush spans). If a run is in progress, the Live page picks requests "
-            "up as they complete."
-        )
-    else:
-        st.info(
-            f"No traces in {where} yet. Run `tracedpush demo`, or send requests through "
-            "`tracedpush proxy` with tracing on; the Live page shows them as they arrive."
-        )
+    level, text = data.no_requests_message(snap)
+    (st.warning if level == "warning" else st.info)(text)
 
 
 def load_notes(snap: data.Snapshot) -> None:

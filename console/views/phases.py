@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from tracedpush.analysis.compare import describe_group, explain_delta
-from tracedpush.console import charts, data, ui
+from tracedpush.console import charts, data, derived, ui
 
 try:
     from tracedpush.analysis.tpot import explain_tpot_delta
@@ -18,27 +18,21 @@ snap = ui.snapshot()
 st.title("Phases")
 ui.load_notes(snap)
 
-SOURCES = {
-    "time on the critical path": "phase_frame",
-    "span durations": "span_frame",
-}
 what = st.radio(
     "Measure",
-    list(SOURCES),
+    list(derived.PHASE_MEASURES),
     horizontal=True,
     key="phases_measure",
     help="Critical path: the analysis' phases (a hidden phase counts 0 ms). "
     "Span durations: every span as recorded, whether or not it delayed the first token.",
 )
-frame: pd.DataFrame = getattr(snap, SOURCES[what])
 modes = st.multiselect("Modes", snap.modes, default=snap.modes, key="phases_modes")
-frame = frame[frame["mode"].isin(modes)]
-if frame.empty:
+boxes = derived.phase_boxes(snap, what, modes)  # kept per snapshot, warmed at start
+if not boxes.parts:
     st.info("No phases for the chosen modes.")
     st.stop()
 
 st.subheader(f"{what.capitalize()} per phase (ms)")
-boxes = snap.memo(("phase_boxes", what, tuple(modes)), lambda: charts.phase_box_parts(frame))
 st.plotly_chart(
     charts.draw_phase_boxes(boxes),
     key="phase_boxes",
@@ -123,6 +117,8 @@ else:
         )
 
 st.subheader("Outliers")
+frame: pd.DataFrame = getattr(snap, derived.PHASE_MEASURES[what])
+frame = frame[frame["mode"].isin(modes)]
 left, right = st.columns(2)
 names = charts.phase_order(frame["phase"].unique())
 biggest = frame.loc[frame["ms"].idxmax(), "phase"]

@@ -23,7 +23,7 @@ def test_app_is_found_through_the_package():
 
 def test_streamlit_command_is_headless_and_passes_the_source():
     cmd = command.streamlit_command(["--traces", "/x"], port=8600, host="0.0.0.0")
-    assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"]
+    assert cmd[:4] == [sys.executable, "-m", "tracedpush.console.server", "run"]
     assert "--server.headless=true" in cmd and "--server.port=8600" in cmd
     assert "--server.address=0.0.0.0" in cmd and "--browser.gatherUsageStats=false" in cmd
     assert cmd[cmd.index("--") + 1 :] == ["--traces", "/x"]

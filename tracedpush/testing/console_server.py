@@ -1,7 +1,8 @@
 """The console in a background process on a free port, for browser tests and benchmarks.
 
 The user's way to run it is `tracedpush console` (`tracedpush.console.command`); this
-starts the same Streamlit command line and waits until it is healthy.
+starts the same Streamlit command line and waits until it is healthy (`wait_ready`: also
+until its warm-up has loaded the source).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from tracedpush.console.command import streamlit_command
+from tracedpush.console.server import FAILED, READY
 from tracedpush.testing.net import free_port
 
 
@@ -58,6 +60,21 @@ class ConsoleServer:
                 time.sleep(0.2)
         self.__exit__(None, None, None)
         raise TimeoutError(f"the console did not answer on {self.url} in {self.timeout} s")
+
+    def wait_ready(self, timeout: float = 120.0) -> str:
+        """The line the server's warm-up prints once the source is loaded and analysed
+        (`console.server.READY`, or `FAILED` and why); needs ``log_path``."""
+        if self.log_path is None:
+            raise ValueError("wait_ready reads the server's log: give log_path")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.log_path.read_text(errors="replace").splitlines():
+                if line.startswith((READY, FAILED)):
+                    return line
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"streamlit exited with {self.proc.returncode}")
+            time.sleep(0.1)
+        raise TimeoutError(f"the console's warm-up said nothing in {timeout} s")
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is None or self.proc.poll() is not None:

@@ -1,0 +1,69 @@
+"""The console server loads its source while it starts (`console.server`): one line says
+when it is ready, the pages then read what the warm-up derived, and a source that cannot
+be read is reported without taking the server down. Real `streamlit run` processes."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+
+from tracedpush.console import charts, data, derived
+from tracedpush.console.server import FAILED, READY, app_args
+from tracedpush.console.source import Source
+from tracedpush.testing.console_server import ConsoleServer
+from tracedpush.testing.net import free_port
+
+
+def test_the_server_is_ready_with_the_whole_run_before_anyone_visits(traces, expected, tmp_path):
+    with ConsoleServer(["--traces", str(traces[0])], log_path=tmp_path / "server.log") as server:
+        line = server.wait_ready()
+        assert line.startswith(READY)
+        assert f"{len(expected.requests):,} requests from {traces[0]}" in line
+        with urllib.request.urlopen(server.url, timeout=10) as page:
+            assert page.status == 200
+
+
+def test_a_source_that_cannot_be_read_is_reported_and_the_server_serves(tmp_path):
+    jaeger = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with ConsoleServer(["--jaeger", jaeger], log_path=tmp_path / "server.log") as server:
+        line = server.wait_ready()
+        assert line.startswith(f"{FAILED}: Cannot read traces from Jaeger {jaeger}")
+        with urllib.request.urlopen(f"{server.url}/_stcore/health", timeout=10) as health:
+            assert health.status == 200
+
+
+def test_warm_derives_what_every_first_visit_reads(traces):
+    snap = data.Feed(Source.traces([str(traces[0])])).snapshot()
+    derived.warm(snap)
+    for name in derived.SHARED:
+        assert name in snap.__dict__, name  # a cached_property computed
+    default = next(iter(derived.PHASE_MEASURES))
+    warmed = derived.phase_boxes(snap, default, snap.modes)
+    assert snap.memo(("phase_boxes", default, tuple(snap.modes)), lambda: None) is warmed
+    again = charts.phase_box_parts(snap.phase_frame)  # every mode: the whole frame
+    assert (warmed.order, warmed.modes) == (again.order, again.modes) and warmed.parts
+    for a, b in zip(warmed.parts, again.parts, strict=True):
+        assert (a.phase, a.mode, a.stats) == (b.phase, b.mode, b.stats)
+        assert (a.top_ms == b.top_ms).all() and (a.top_ids == b.top_ids).all()
+
+
+def test_one_feed_per_source_and_the_least_recent_goes_first(monkeypatch, tmp_path):
+    monkeypatch.setattr(data, "_feeds", type(data._feeds)())
+    first = data.feed(Source.traces([str(tmp_path / "0")]))
+    assert data.feed(Source.traces([str(tmp_path / "0")])) is first
+    for i in range(1, data.MAX_FEEDS):
+        data.feed(Source.traces([str(tmp_path / str(i))]))
+    assert data.feed(Source.traces([str(tmp_path / "0")])) is first  # now the most recent
+    data.feed(Source.traces([str(tmp_path / "new")]))  # evicts "1", the least recent
+    assert len(data._feeds) == data.MAX_FEEDS
+    assert Source.traces([str(tmp_path / "1")]) not in data._feeds
+    assert data.feed(Source.traces([str(tmp_path / "0")])) is first
+
+
+@pytest.mark.parametrize(
+    ("argv", "args"),
+    [(["x", "run", "app.py", "--", "--traces", "d"], ["--traces", "d"]), (["x", "run"], [])],
+)
+def test_the_app_arguments_are_those_after_the_separator(argv, args):
+    assert app_args(argv) == args
