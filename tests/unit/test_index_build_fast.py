@@ -498,3 +498,55 @@ def test_a_file_cut_shorter_during_the_build_is_read_as_it_is(
     mine, theirs = got.stats.to_json(), store.stats.to_json()
     del mine["errors"], theirs["errors"]
     assert mine == theirs
+
+
+def test_a_stopped_build_ends_its_workers_even_mid_message(tmp_path: Path, monkeypatch) -> None:
+    """A build stopped while its workers are blocked sending to it (the console's build
+    child gets SIGTERM, raised as SystemExit, while it is not reading): the workers are
+    terminated and end within seconds, none left behind. Before, a worker answered the
+    SIGTERM with its traceback on the same pipe, whose peer end the workers themselves
+    hold (inherited at fork), so it blocked for good; the build waited 60 s a worker and
+    returned with them still alive. Here each worker's first per-process message is made
+    64 MB (far more than a socket buffer) and the parent stops as soon as both block."""
+    import signal
+    import time
+
+    from tracedpush.analysis.index import AnalysisIndex
+
+    d = tmp_path / "traces"
+    synthetic.generate(20, seed=5, batch=4).write(d)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    class BigParts:  # in the workers: every process trace's message far over the buffer
+        def extend(self, spans: Any) -> bytes:
+            (marks / str(os.getpid())).touch()
+            return b"x" * (64 << 20)
+
+    def stop_when_blocked(conns: Any, timeout: Any = None) -> Any:  # in the parent
+        deadline = time.monotonic() + 60
+        while len(list(marks.iterdir())) < index_build.SHARDS:
+            assert time.monotonic() < deadline, "the workers never sent"
+            time.sleep(0.05)
+        time.sleep(0.5)  # each is in its send now, the buffer full
+        raise KeyboardInterrupt
+
+    def as_the_child(signum: int, frame: Any) -> None:  # `index_child._die_with_parent`'s
+        raise SystemExit(128 + signum)
+
+    monkeypatch.setattr(index_build, "StepParts", BigParts)
+    monkeypatch.setattr(index_build, "wait", stop_when_blocked)
+    previous = signal.signal(signal.SIGTERM, as_the_child)  # the workers inherit it
+    idx = AnalysisIndex([d], parallel=True)
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            idx.update()
+        took = time.monotonic() - started
+        assert not multiprocessing.active_children()
+        assert took < 30, took
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for p in multiprocessing.active_children():
+            p.kill()
+        idx.close()

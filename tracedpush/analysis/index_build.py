@@ -25,6 +25,9 @@ spans by the worker of their shard. Lines that are not plain OTLP JSON (another 
 bad line) go through `otlp.Decoder` in every worker, each keeping its own shard. Files
 that do not start with a whole OTLP line (one pretty-printed document, a torn first
 line) leave the build to the sequential path, which knows those cases.
+
+A build stopped (^C, an error, SIGTERM in the console's build child) terminates its
+workers, which then end without a word (`_STOP_S`: one that does not is killed).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ except ImportError:  # pragma: no cover - the sequential build needs no msgspec
 _CHUNK = 8 << 20
 _SIZE = (1 << 32) - 1  # a spilled record's size, in its place (see `_Worker.spans`)
 _DROP_EVERY = _CHUNK * 4  # bytes of spilled records read between two page drops
+_STOP_S = 5.0  # a build stopped (^C, an error): how long a terminated worker may take
 WORKER_PEAK_KB: list[int] = []  # the last build's workers' peak RSS (benchmarks read it)
 # and their CPU seconds: (read, store spans and facts, analyse)
 WORKER_CPU: list[tuple[float, float, float]] = []
@@ -416,6 +420,8 @@ def _run_worker(
         # rows and breakdowns are plain tuples, dicts and numbers: `marshal`, as the facts
         reply = (marshal.dumps(rows), marshal.dumps(tpots), _peak_kb(), times)
         conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+    except (KeyboardInterrupt, SystemExit):  # stopped (^C; SIGTERM in the console's
+        raise  # child): no last word, which could block on a pipe nobody reads any more
     except OSError as exc:  # the disk or the files (full, cut shorter): its message
         conn.send_bytes(pickle.dumps(("error", f"{type(exc).__name__}: {exc}")))
         raise
@@ -473,7 +479,7 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         pend = tail[cut + 1 :] if cut >= 0 else tail
         ends.append((f, size - len(pend)))
         pending[f] = pend
-    pipes, procs = [], []
+    pipes, procs, stopping = [], [], False
     for shard in range(workers):
         parent, child = ctx.Pipe()
         p = ctx.Process(target=_run_worker, args=(idx, shard, workers, ends, child), daemon=True)
@@ -552,6 +558,7 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         state.tpot_key = tpot_key
         idx._built(off)
     except BaseException:  # the others would read on for nothing (and orphan a ^C)
+        stopping = True
         for p in procs:
             p.terminate()
         raise
@@ -559,7 +566,10 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         for c in pipes:  # a worker still waiting on the parent gets EOF
             c.close()
         for p in procs:
-            p.join(timeout=60)
+            p.join(timeout=_STOP_S if stopping else 60)
+            if p.is_alive():  # stuck (a write nobody reads: its peer end is in every
+                p.kill()  # worker forked after it): no worker outlives the build
+                p.join()
     lines_ok = phase1[0][5]  # every worker reads every line: the lead's count
     files_state = {}
     for (f, end), ok in zip(ends, lines_ok, strict=True):
