@@ -28,7 +28,15 @@ def app_path() -> Path:
     return Path(__file__).resolve().parent / "app.py"
 
 
+EPILOG = """The server loads its source as it starts (the first time on a big run, it builds
+the analysis index beside the traces, as `tracedpush report` does), analyses it, and prints
+`tracedpush console: ready: N requests ...` once a visit only has to draw its page, or
+`tracedpush console: not ready: ...` and why. See docs/console.md."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--traces",

@@ -104,3 +104,10 @@ def test_several_traces_reach_the_app_and_load_as_one_store(
     assert len(run.requests) == 8 and all(r.complete for r in run.requests)
     alone = data.Feed(Source.traces([str(engines)])).snapshot().run
     assert not any(r.complete for r in alone.requests)
+
+
+def test_help_says_when_the_server_is_ready(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["console", "--help"])
+    out = capsys.readouterr().out
+    assert "tracedpush console: ready: N requests" in out and "not ready" in out
