@@ -134,7 +134,7 @@ class Snapshot:
         """RunAnalysis.table() as a frame (one row per request), in arrival order."""
         cols = self._columns()
         # by column from the analysis index: no request is read
-        frame = pd.DataFrame(cols.table() if cols is not None else self.run.table())
+        frame = pd.DataFrame(cols.frame_columns() if cols is not None else self.run.table())
         if not frame.empty and "start_unix_ms" in frame:
             frame = frame.sort_values("start_unix_ms", kind="stable", ignore_index=True)
         return frame

@@ -349,3 +349,26 @@ def test_slot_columns_equal_columns_made_request_by_request(
     )
     same_columns(built, want)
     same_columns(slots.take([], [], []), _columns_by_loop([], []))
+
+
+def test_frame_columns_make_the_frame_of_the_table(
+    tmp_path: Path, gen: synthetic.SyntheticRun
+) -> None:
+    """The console's request table: its numeric columns as arrays (NaN for None) make the
+    same data frame as `table()`'s lists, absent phases and missing TTFTs included."""
+    pd = pytest.importorskip("pandas")
+    d = tmp_path / "traces"
+    gen.write(d)
+    idx = AnalysisIndex([d])
+    cols = idx.update().columns()
+    assert cols is not None
+    table = cols.table()
+    phases = [k for k in table if k.startswith("critical_ms.")]
+    assert any(None in table[k] for k in phases)  # a phase one mode does not have
+    pd.testing.assert_frame_equal(pd.DataFrame(cols.frame_columns()), pd.DataFrame(table))
+    no_ttft = cols.take([0, 1])
+    no_ttft.ttft[0] = np.nan  # as a request that never got its first token
+    pd.testing.assert_frame_equal(
+        pd.DataFrame(no_ttft.frame_columns()), pd.DataFrame(no_ttft.table())
+    )
+    idx.close()
