@@ -3,7 +3,7 @@ derives it before anyone asks.
 
 A page's first visit after a load used to pay for the run-wide frames and statistics
 its snapshot had not computed yet (at 200,000 requests the Overview's first script run
-took 7.5 s, of which the load 2.9 s; a later session's 0.6 s). `warm` computes them
+took 7.5 s, of which the load 2.9 s; a later visit's script 0.6 s). `warm` computes them
 where no visitor waits: the server's warm-up thread at start (`console.server`).
 """
 

@@ -311,9 +311,9 @@ def extend(
     rank's is gone) and the new ones are joined again, placed, and replace their steps
     from lo on. Steps placed earlier than lo minus the largest offset are untouched; the
     stretch after is sorted again, old steps first among ties, as in the joined order."""
-    new = np.concatenate([work, sched], axis=1)
     if kept is None:
         return None
+    new = np.concatenate([work, sched], axis=1)
     if not new.shape[1]:
         return placed, placed.shape[1], kept
     old, since = kept
