@@ -12,8 +12,9 @@ after a few more lines) did it all again. The index does each once:
   new spans is re-read alone.
 * **Per trace facts** (first-seen order, resources, the root's raw interval, its causal
   pairs for the clock-skew estimate, decode engine) and **per request results** (the
-  `RequestAnalysis` of `analyze(spans=False)`) are kept with the clock offsets they were
-  computed with. Each update re-estimates the offsets from the kept pairs (no span is
+  `RequestAnalysis` of `analyze(spans=False)`; those the parallel cold build made are
+  not stored but made again from their spans when read) are kept with the clock offsets
+  they were computed with. Each update re-estimates the offsets from the kept pairs (no span is
   read for that), then re-analyses only the traces that got spans or whose offsets
   moved; load, buckets and TPOT breakdowns, which depend on the whole run, are redone
   from the facts (TPOT breakdowns only when the engine steps or offsets changed). So
@@ -400,16 +401,35 @@ class AnalysisIndex:
     def _shard_dbs(self, tids: Iterable[str]) -> list[tuple[list[str], sqlite3.Connection]]:
         return [(some, self.span_db(shard)) for shard, some in _by_shard(tids).items()]
 
-    def _load_results(self, tids: Sequence[str]) -> dict[str, RequestAnalysis]:
-        """Kept results from the span databases, each read with its own connection (the
-        console's pages read them from their own threads, also after `close`)."""
+    def _load_results(
+        self, want: dict[str, Kept], resources: list[Resource]
+    ) -> dict[str, RequestAnalysis]:
+        """The results of `want` (trace id -> its `Kept`), each shard read with its own
+        connection (the console's pages read them from their own threads, also after
+        `close`). The cold build stores none (`index_build`): such a result is made
+        again from the trace's stored spans with the offsets its row was made with
+        (`Kept.offsets`), which is the result the build made. `resources`: the state's
+        when the snapshot asking was made (a stored span names its resource by place)."""
         out: dict[str, RequestAnalysis] = {}
-        for shard, some in _by_shard(tids).items():
+        number = {id(r): i for i, r in enumerate(resources)}
+        no_load = LoadCounter(())
+        for shard, some in _by_shard(want).items():
             db = open_span_db(self.dir, shard)
             try:
                 out.update((tid, load_result(blob)) for tid, blob in _select(db, "results", some))
+                # a request's spans are one row (only per-process traces get `more`)
+                rows = list(_select(db, "spans", [t for t in some if t not in out]))
             finally:
                 db.close()
+            for tid, blob in rows:
+                k = want[tid]
+                off = dict(zip(k.facts.res, k.offsets or (), strict=True))
+                req = [s for s in unpack(tid, blob, resources) if s.name not in PROCESS_SPANS]
+                off_ns = {id(s.resource): off[number[id(s.resource)]] for s in req}
+                ix = TraceIndex(tid, req)
+                out[tid] = request_analysis(
+                    ix, off_ns, no_load, self.buckets, self.load_buckets, False
+                )
         return out
 
     # ------------------------------------------------------------------ reading
@@ -742,11 +762,14 @@ class AnalysisIndex:
         # the requests in `analyze`'s order, each's `Kept` and TPOT breakdown as of now
         order, cols = slots.run_columns()
         kept, tpots = slots.kept[order], slots.tpot[order]
+        resources = state.resources
 
         def results(positions: list[int]) -> list[RequestAnalysis]:
             """The requests at `positions`, with this update's run-wide fields."""
             ids = cols.trace_id
-            got = self._load_results([ids[i] for i in positions if kept[i].result is None])
+            got = self._load_results(
+                {ids[i]: kept[i] for i in positions if kept[i].result is None}, resources
+            )
             out = []
             for i in positions:
                 k = kept[i]

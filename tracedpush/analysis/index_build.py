@@ -16,9 +16,10 @@ position, causal pairs, ...). The parent estimates the clock offsets from all fa
 them with those offsets while the parent joins the run's engine steps from every
 worker's parts (in first-seen order, as one reader would) and places them on the proxy
 clock; then each worker splits its requests' TPOT over them (`index_steps.split_tpot`)
-and sends back the results' rows and breakdowns. Each side gives the heap's free pages
-back after its big phases (`_trim`): the build's memory is what the processes hold at
-once.
+and sends back the results' rows and breakdowns (not the results: they are made again
+from the stored spans when asked for, `AnalysisIndex._load_results`). Each side gives
+the heap's free pages back after its big phases (`_trim`): the build's memory is what
+the processes hold at once.
 
 Everything counted per line (lines, documents, malformed lines) is counted by worker 0;
 spans by the worker of their shard. Lines that are not plain OTLP JSON (another shape, a
@@ -56,7 +57,6 @@ from tracedpush.analysis.index_store import (
     SHARDS,
     Kept,
     TraceFacts,
-    dump_result,
     open_span_db,
     pack_packed,
     record,
@@ -395,23 +395,18 @@ def _run_worker(
         _trim()
         off = pickle.loads(conn.recv_bytes())
         cpu.append(time.process_time())
-        rows = {}  # the parent gets each result's row; the results go to the span database
+        # the parent gets each result's row; the results themselves are not written
+        # (`AnalysisIndex._load_results` makes one again when it is asked for: writing
+        # 200,000 took about 5 s of the build's CPU, mostly for results nobody reads)
+        rows = {}
         no_load = LoadCounter(())
-
-        def results() -> Iterator[tuple[str, bytes]]:
-            for tid, _packed, spans in w.traces(list(w.spans)):
-                del w.spans[tid]
-                req = [s for s in spans if s.name not in PROCESS_SPANS]
-                ix = TraceIndex(tid, req)
-                off_ns = {id(s.resource): off[res_ix[id(s.resource)]] for s in req}
-                r = request_analysis(ix, off_ns, no_load, idx.buckets, idx.load_buckets, False)
-                rows[tid] = row_of(r)
-                yield tid, dump_result(r)
-
-        db = open_span_db(idx.dir, shard, bulk=True)
-        with db:
-            db.executemany("INSERT OR REPLACE INTO results (tid, v) VALUES (?, ?)", results())
-        db.close()
+        for tid, _packed, spans in w.traces(list(w.spans)):
+            del w.spans[tid]
+            req = [s for s in spans if s.name not in PROCESS_SPANS]
+            ix = TraceIndex(tid, req)
+            off_ns = {id(s.resource): off[res_ix[id(s.resource)]] for s in req}
+            r = request_analysis(ix, off_ns, no_load, idx.buckets, idx.load_buckets, False)
+            rows[tid] = row_of(r)
         # the parent joined the engine steps meanwhile
         steps = pickle.loads(conn.recv_bytes())  # always read: the parent always sends
         tpots = split_tpot(((t, row, facts[t]) for t, row in rows.items()), off, lambda: steps)

@@ -49,7 +49,8 @@ class Kept:
     row: tuple | None = None
     tpot: dict[str, float] | None = None  # its TPOT breakdown (run-wide: engine steps)
     # the result itself: in memory when made or read here, else in its span database's
-    # `results` table (read on demand: a warm report reads only the requests it prints)
+    # `results` table or, when the cold build made it, made again from the trace's spans
+    # with `offsets` (on demand: a warm report reads only the requests it prints)
     result: RequestAnalysis | None = None
 
     def dump(self) -> tuple:
