@@ -28,7 +28,9 @@ that do not start with a whole OTLP line (one pretty-printed document, a torn fi
 line) leave the build to the sequential path, which knows those cases.
 
 A build stopped (^C, an error, SIGTERM in the console's build child) terminates its
-workers, which then end without a word (`_STOP_S`: one that does not is killed).
+workers, which then end without a word (`_STOP_S`: one that does not is killed). A
+parent killed outright (SIGKILL) leaves each worker an EOF or a broken pipe at its next
+message to it, and the worker ends then (it holds no other end of the pipes).
 """
 
 from __future__ import annotations
@@ -350,9 +352,22 @@ class _Worker:
 
 
 def _run_worker(
-    idx: AnalysisIndex, shard: int, n: int, files: list[tuple[Path, int]], conn: Connection
+    idx: AnalysisIndex,
+    shard: int,
+    n: int,
+    files: list[tuple[Path, int]],
+    conn: Connection,
+    inherited: list[Connection],
 ) -> None:
-    """Phase 1: read, store spans, send facts; phase 2: analyse with the offsets sent."""
+    """Phase 1: read, store spans, send facts; phase 2: analyse with the offsets sent.
+
+    `inherited`: the parent's ends of the pipes made so far (this worker's own among
+    them), copied by the fork and closed first: held here, they kept a pipe open after
+    the parent died, so a worker waiting for the offsets, or sending, waited for good
+    (a `report` killed mid-build left both workers behind). Now the parent's end is
+    only the parent's: its death is an EOF or EPIPE here, and the worker ends quietly."""
+    for c in inherited:
+        c.close()
     gc.disable()
     w: _Worker | None = None
     try:
@@ -417,6 +432,8 @@ def _run_worker(
         conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
     except (KeyboardInterrupt, SystemExit):  # stopped (^C; SIGTERM in the console's
         raise  # child): no last word, which could block on a pipe nobody reads any more
+    except (EOFError, BrokenPipeError):  # the parent is gone: nobody to tell
+        return
     except OSError as exc:  # the disk or the files (full, cut shorter): its message
         conn.send_bytes(pickle.dumps(("error", f"{type(exc).__name__}: {exc}")))
         raise
@@ -477,7 +494,8 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
     pipes, procs, stopping = [], [], False
     for shard in range(workers):
         parent, child = ctx.Pipe()
-        p = ctx.Process(target=_run_worker, args=(idx, shard, workers, ends, child), daemon=True)
+        args = (idx, shard, workers, ends, child, [*pipes, parent])
+        p = ctx.Process(target=_run_worker, args=args, daemon=True)
         p.start()
         child.close()
         pipes.append(parent)
@@ -562,8 +580,8 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
             c.close()
         for p in procs:
             p.join(timeout=_STOP_S if stopping else 60)
-            if p.is_alive():  # stuck (a write nobody reads: its peer end is in every
-                p.kill()  # worker forked after it): no worker outlives the build
+            if p.is_alive():  # stuck somehow (a backstop: each worker holds only its
+                p.kill()  # own end of its pipe): no worker outlives the build
                 p.join()
     lines_ok = phase1[0][5]  # every worker reads every line: the lead's count
     files_state = {}
