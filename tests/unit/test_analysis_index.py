@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import gzip
+import io
 import json
 import marshal
 import pickle
@@ -24,7 +25,8 @@ from tracedpush.analysis import TraceStore, analyze, run_json, skew
 from tracedpush.analysis.columns import RunColumns
 from tracedpush.analysis.index import INDEX_DIRNAME, AnalysisIndex, index_run
 from tracedpush.analysis.index_store import SHARDS, open_span_db
-from tracedpush.analysis.results import RunAnalysis
+from tracedpush.analysis.report_json import write_json
+from tracedpush.analysis.results import LazyRequests, RunAnalysis
 from tracedpush.analysis.timeline import TraceIndex
 from tracedpush.testing import synthetic
 
@@ -344,6 +346,36 @@ def test_report_uses_the_index(tmp_path: Path, skewed: synthetic.SyntheticRun) -
             else:
                 assert a == b
     assert (d / INDEX_DIRNAME).is_dir()
+
+
+def test_the_json_report_is_written_a_batch_at_a_time(
+    tmp_path: Path, skewed: synthetic.SyntheticRun
+) -> None:
+    """`write_json` writes `json.dumps(run_json(run), indent=1)` byte for byte (with
+    and without spans; requests in a list, the index's made on demand, none at all),
+    and keeps none of the results it makes from the index: a JSON report of 200,000
+    requests held them all, their dicts and its whole text at once (9 GB)."""
+    d = tmp_path / "traces"
+    skewed.write(d)
+    plain = reference([d])
+    idx = AnalysisIndex([d], index_dir=tmp_path / "index")
+    lazy = idx.update()
+    assert isinstance(lazy.requests, LazyRequests) and len(lazy.requests) > 20
+
+    def written(run: RunAnalysis, spans: bool) -> str:
+        out = io.StringIO()
+        write_json(run, out, spans=spans)
+        return out.getvalue()
+
+    got = {spans: written(lazy, spans) for spans in (False, True)}
+    assert lazy.requests.loaded == 0  # made, written, let go
+    batches = list(lazy.requests.stream(step=7))  # batches that do not divide the run
+    assert lazy.requests.loaded == 0 and batches == list(lazy.requests)
+    for spans in (False, True):
+        assert got[spans] == json.dumps(run_json(lazy, spans=spans), indent=1)
+        for run in (plain, plain.of([])):
+            assert written(run, spans) == json.dumps(run_json(run, spans=spans), indent=1)
+    idx.close()
 
 
 def _no_load_line(text: str) -> list[str]:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sqlite3
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from tracedpush.analysis.analyze import analyze
 from tracedpush.analysis.bench import join, render_bench
@@ -17,7 +20,7 @@ from tracedpush.analysis.jaeger import parse_duration
 from tracedpush.analysis.load import TraceStore
 from tracedpush.analysis.perfetto import to_perfetto
 from tracedpush.analysis.report import render
-from tracedpush.analysis.report_json import run_json
+from tracedpush.analysis.report_json import write_json
 from tracedpush.analysis.results import LazyRequests
 
 
@@ -190,13 +193,24 @@ def _index(args: argparse.Namespace, kwargs: dict) -> AnalysisIndex | None:
     return idx
 
 
-def _write(args: argparse.Namespace, text: str, what: str) -> None:
+def _write(args: argparse.Namespace, report: str | Callable[[TextIO], None], what: str) -> None:
+    """The report to --out or stdout: its text, or what writes it to a stream (the JSON
+    report of a big run, never held whole: `write_json`)."""
+
+    def write(fh: TextIO) -> None:
+        if isinstance(report, str):
+            fh.write(report)
+        else:
+            report(fh)
+        fh.write("\n")
+
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+        with Path(args.out).open("w") as fh:
+            write(fh)
         print(f"wrote {args.out} ({what}, format {args.format})", file=sys.stderr)
     else:
-        sys.stdout.write(text + "\n")
+        write(sys.stdout)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -257,10 +271,11 @@ def run(args: argparse.Namespace) -> int:
             f"({store.stats.spans} spans, {store.stats.malformed} malformed skipped)",
             file=sys.stderr,
         )
+    text: str | Callable[[TextIO], None]  # a big run's JSON is written as it is made
     if args.format == "table":
         text = render(result, slowest=args.slowest, cmp=compare(result))
     elif args.format == "json":
-        text = json.dumps(run_json(result, spans=args.spans), indent=1)
+        text = functools.partial(write_json, result, spans=args.spans)
     else:
         text = json.dumps(to_perfetto(result), separators=(",", ":"))
     _write(args, text, f"{len(result.requests)} requests")

@@ -6,11 +6,12 @@ A renderer, beside `report` (text) and `perfetto`: it reads the analysis' data
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, TextIO
 
 from tracedpush.analysis.compare import compare
 from tracedpush.analysis.model import round_ms
-from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
+from tracedpush.analysis.results import LazyRequests, RequestAnalysis, RunAnalysis
 
 # bump when docs/report.md's JSON format changes incompatibly; added fields (issue 11's
 # `failure` per request and `failures` per run, issue 12's `sampling`) keep it
@@ -55,6 +56,30 @@ def request_json(r: RequestAnalysis, *, spans: bool = False) -> dict[str, Any]:
 
 def run_json(run: RunAnalysis, *, spans: bool = False) -> dict[str, Any]:
     """The whole documented report: requests, offsets, comparison, steps, contention."""
+    return _document(run, [request_json(r, spans=spans) for r in run.requests])
+
+
+def write_json(run: RunAnalysis, out: TextIO, *, spans: bool = False) -> None:
+    """Write ``json.dumps(run_json(run, spans=spans), indent=1)`` to `out`, its requests
+    a batch at a time (`LazyRequests.stream`): the report of a whole big run without its
+    requests, their dicts or the text held at once (200,000 requests: 9 GB that way)."""
+    head, tail = json.dumps(_document(run, _REQUESTS), indent=1).split(json.dumps(_REQUESTS))
+    out.write(head)
+    requests = run.requests
+    each = requests.stream() if isinstance(requests, LazyRequests) else iter(requests)
+    sep = "[\n  "
+    for r in each:  # an item of the list at depth 2, as `json.dumps` indents it
+        out.write(sep + json.dumps(request_json(r, spans=spans), indent=1).replace("\n", "\n  "))
+        sep = ",\n  "
+    out.write("[]" if sep.startswith("[") else "\n ]")
+    out.write(tail)
+
+
+# where `write_json` puts the requests, written one by one (a string no report holds)
+_REQUESTS = "\0requests\0"
+
+
+def _document(run: RunAnalysis, requests: Any) -> dict[str, Any]:
     return {
         "version": JSON_VERSION,
         "source": run.source,
@@ -63,7 +88,7 @@ def run_json(run: RunAnalysis, *, spans: bool = False) -> dict[str, Any]:
         "load_stats": run.stats.to_json(),
         "clock_offsets_ms": {k: v.to_json() for k, v in run.clock_offsets.items()},
         "sampling": run.sampling().to_json(),
-        "requests": [request_json(r, spans=spans) for r in run.requests],
+        "requests": requests,
         "failures": run.failures().to_json(),
         "comparison": compare(run).to_json(),
         "engine_steps": run.steps_summary(),

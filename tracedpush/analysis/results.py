@@ -131,6 +131,17 @@ class LazyRequests(Sequence["RequestAnalysis"]):
         for lo in range(0, len(self._items), step):
             yield from self.some(range(lo, min(lo + step, len(self._items))))
 
+    def stream(self, step: int = 20_000) -> Iterator[RequestAnalysis]:
+        """Every request in order, a batch at a time, keeping none it makes: for an
+        export of the whole run, which iterating (`__iter__` keeps each) would hold at
+        once (200,000 results: gigabytes)."""
+        for lo in range(0, len(self._items), step):
+            positions = range(lo, min(lo + step, len(self._items)))
+            todo = [i for i in positions if self._items[i] is None]
+            made = dict(zip(todo, self._load(todo), strict=True)) if todo else {}
+            for i in positions:
+                yield made[i] if i in made else self._items[i]  # type: ignore[misc]
+
     @property
     def loaded(self) -> int:
         return sum(r is not None for r in self._items)
