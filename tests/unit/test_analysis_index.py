@@ -308,6 +308,10 @@ def test_a_real_run(tmp_path: Path) -> None:
     assert json.dumps(run_json(want))  # serialisable
 
 
+# what `test_report_uses_the_index` writes (perfetto and --spans: the span views)
+FORMATS = ("json", "json --spans", "table", "perfetto")
+
+
 def test_report_uses_the_index(tmp_path: Path, skewed: synthetic.SyntheticRun) -> None:
     """`tracedpush report` writes the same JSON and table with the index (cold with
     --index, then warm: an index already there is used) and with --no-index; Perfetto
@@ -326,18 +330,16 @@ def test_report_uses_the_index(tmp_path: Path, skewed: synthetic.SyntheticRun) -
         ("warm", []),
         ("elsewhere", ["--index", "--index-dir", str(tmp_path / "idx")]),
     ):
-        for fmt in ("json", "table", "perfetto"):
+        for fmt in FORMATS:
             out = tmp_path / f"{name}.{fmt}"
-            assert (
-                main(["report", "--traces", str(d), "--format", fmt, "--out", str(out), *extra])
-                == 0
-            )
+            argv = ["--format", fmt.split()[0], "--out", str(out), *fmt.split()[1:], *extra]
+            assert main(["report", "--traces", str(d), *argv]) == 0
             outs[name, fmt] = out.read_text()
     assert not (tmp_path / "idx").exists() or (tmp_path / "idx").is_dir()
-    for fmt in ("json", "table", "perfetto"):
+    for fmt in FORMATS:
         for name in ("cold", "warm", "elsewhere"):
             a, b = outs["plain", fmt], outs[name, fmt]
-            if fmt == "json":  # the load counters say what this invocation read
+            if fmt.startswith("json"):  # the load counters say what this invocation read
                 ja, jb = json.loads(a), json.loads(b)
                 del ja["load_stats"], jb["load_stats"]
                 assert ja == jb
@@ -354,7 +356,9 @@ def test_the_json_report_is_written_a_batch_at_a_time(
     """`write_json` writes `json.dumps(run_json(run), indent=1)` byte for byte (with
     and without spans; requests in a list, the index's made on demand, none at all),
     and keeps none of the results it makes from the index: a JSON report of 200,000
-    requests held them all, their dicts and its whole text at once (9 GB)."""
+    requests held them all, their dicts and its whole text at once (9 GB). The whole
+    run's span views (`with_spans`, `report --spans`) are made the same way, once each,
+    and equal those of `analyze(spans=True)`."""
     d = tmp_path / "traces"
     skewed.write(d)
     plain = reference([d])
@@ -375,6 +379,14 @@ def test_the_json_report_is_written_a_batch_at_a_time(
         assert got[spans] == json.dumps(run_json(lazy, spans=spans), indent=1)
         for run in (plain, plain.of([])):
             assert written(run, spans) == json.dumps(run_json(run, spans=spans), indent=1)
+    lazy.with_requests(idx.with_spans(lazy.requests))
+    assert isinstance(lazy.requests, LazyRequests) and lazy.columns() is not None
+    whole = json.loads(written(lazy, True))
+    assert lazy.requests.loaded == 0
+    full = analyze(TraceStore.from_paths([d]), spans=True)
+    want = json.loads(json.dumps(run_json(full, spans=True)))
+    del whole["load_stats"], want["load_stats"]
+    assert whole == want and all(r["spans"] for r in whole["requests"])
     idx.close()
 
 

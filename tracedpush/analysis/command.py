@@ -21,7 +21,7 @@ from tracedpush.analysis.load import TraceStore
 from tracedpush.analysis.perfetto import to_perfetto
 from tracedpush.analysis.report import render
 from tracedpush.analysis.report_json import write_json
-from tracedpush.analysis.results import LazyRequests
+from tracedpush.analysis.results import LazyRequests, RunAnalysis
 
 
 def _edges(text: str) -> tuple[int, ...]:
@@ -260,11 +260,20 @@ def run(args: argparse.Namespace) -> int:
                 r for r in result.requests if r.trace_id in keep or r.request_id in keep
             ]
         result._reindex()
-    if isinstance(store, AnalysisIndex):
-        if with_spans:
-            result.requests = store.with_spans(result.requests)
-            result._reindex()
-        store.close()
+    if isinstance(store, AnalysisIndex) and with_spans:
+        result.with_requests(store.with_spans(result.requests))
+    try:
+        _render(args, result, store)
+    finally:
+        if isinstance(store, AnalysisIndex):  # closed once written: the JSON report
+            store.close()  # reads its requests from it as it writes them
+    return 0 if result.requests else 1
+
+
+def _render(
+    args: argparse.Namespace, result: RunAnalysis, store: TraceStore | AnalysisIndex
+) -> None:
+    """`result` in the asked format, to --out or stdout."""
     if not result.requests:
         print(
             f"tracedpush report: no requests found in {store.describe()} "
@@ -279,7 +288,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         text = json.dumps(to_perfetto(result), separators=(",", ":"))
     _write(args, text, f"{len(result.requests)} requests")
-    return 0 if result.requests else 1
 
 
 def bench_traces(paths: list[str], results: list[BenchResult]) -> list[Path]:

@@ -45,7 +45,7 @@ import pickle
 import sqlite3
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -188,6 +188,10 @@ class AnalysisIndex:
         self._res_ix: dict[int, int] = {}  # id(resource) -> position in state.resources
         self._res_key: dict[tuple[str, str, str, str], int] = {}
         self._off_ns: list[int] = []
+        # the last update's lazy requests, and what makes them with their spans (`with_spans`)
+        self._spanned_of: (
+            tuple[LazyRequests, Callable[[list[int]], list[RequestAnalysis]]] | None
+        ) = None
         self._steps: tuple[Any, steps_mod.EngineSteps] | None = None
         self._tpot: tuple[Any, TpotSteps] | None = None
         self._step_cache = StepCache()  # process traces' parsed steps, between updates
@@ -781,8 +785,20 @@ class AnalysisIndex:
                 out.append(r)
             return out
 
+        def spanned(positions: list[int]) -> list[RequestAnalysis]:
+            """The requests at `positions` with their span views, run-wide fields as in
+            `results` (made from their spans, never first without them)."""
+            c = cols
+            got = [
+                (c.trace_id[i], c.load[i], c.load_bucket[i], c.bucket[i], tpots[i])
+                for i in positions
+            ]
+            return self._spanned(got)
+
+        lazy = LazyRequests(len(order), results)
+        self._spanned_of = (lazy, spanned)
         return RunAnalysis(
-            requests=LazyRequests(len(order), results),  # type: ignore[arg-type]
+            requests=lazy,  # type: ignore[arg-type]
             clock_offsets=offsets,
             stats=state.stats,
             skew_corrected=self.correct_skew,
@@ -1061,18 +1077,31 @@ class AnalysisIndex:
             return None
         return self.with_spans([found])[0]
 
-    def with_spans(self, requests: Sequence[RequestAnalysis]) -> list[RequestAnalysis]:
-        """Copies of `requests` (from the last `update`) with span views and lanes."""
-        loaded = self._load_spans([r.trace_id for r in requests])
+    def with_spans(self, requests: Sequence[RequestAnalysis]) -> Sequence[RequestAnalysis]:
+        """Copies of `requests` (from the last `update`) with span views and lanes. The
+        last update's requests as a whole (`report --spans`, Perfetto) stay lazy: each is
+        made with its spans when read, once, and not first without them."""
+        if self._spanned_of is not None and requests is self._spanned_of[0]:
+            return LazyRequests(len(requests), self._spanned_of[1])
+        return self._spanned(
+            [(r.trace_id, r.load, r.load_bucket, r.bucket, r.tpot_breakdown_ms) for r in requests]
+        )
+
+    def _spanned(
+        self, requests: list[tuple[str, int, str, str, dict[str, float] | None]]
+    ) -> list[RequestAnalysis]:
+        """(trace id, load, load bucket, bucket, TPOT breakdown) -> the request analysed
+        with its spans (the current offsets) and those run-wide fields."""
+        loaded = self._load_spans([tid for tid, *_ in requests])
         out = []
         no_load = LoadCounter(())
-        for r in requests:
-            spans = [s for s in loaded.get(r.trace_id, ()) if s.name not in PROCESS_SPANS]
-            ix = TraceIndex(r.trace_id, spans)
+        for tid, load, load_bucket, bucket, breakdown in requests:
+            spans = [s for s in loaded.get(tid, ()) if s.name not in PROCESS_SPANS]
+            ix = TraceIndex(tid, spans)
             off_ns = {id(s.resource): self._off_ns[self._res_ix[id(s.resource)]] for s in spans}
             full = request_analysis(ix, off_ns, no_load, self.buckets, self.load_buckets, True)
-            full.load, full.load_bucket, full.bucket = r.load, r.load_bucket, r.bucket
-            full.tpot_breakdown_ms = r.tpot_breakdown_ms
+            full.load, full.load_bucket, full.bucket = load, load_bucket, bucket
+            full.tpot_breakdown_ms = breakdown
             out.append(full)
         return out
 

@@ -202,6 +202,14 @@ class RunAnalysis:
         if self._columns is not None:
             self._columns_of = self.requests
 
+    def with_requests(self, requests: Sequence[RequestAnalysis]) -> None:
+        """The same requests in the same order, made another way (with their span views):
+        the columns, if they were this run's, stay its."""
+        if self._columns_of is self.requests:
+            self._columns_of = requests
+        self.requests = requests  # type: ignore[assignment]
+        self._reindex()
+
     def _reindex(self) -> None:
         """Forget the positions (the requests were replaced): `get` makes them again."""
         self._index = None
