@@ -11,6 +11,7 @@ import io
 import json
 import marshal
 import pickle
+import re
 import shutil
 import sqlite3
 from contextlib import closing
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 
 from tracedpush import semconv as sc
-from tracedpush.analysis import TraceStore, analyze, run_json, skew
+from tracedpush.analysis import TraceStore, analyze, report_json, run_json, skew
 from tracedpush.analysis.columns import RunColumns
 from tracedpush.analysis.index import INDEX_DIRNAME, AnalysisIndex, index_run
 from tracedpush.analysis.index_store import SHARDS, open_span_db
@@ -351,7 +352,7 @@ def test_report_uses_the_index(tmp_path: Path, skewed: synthetic.SyntheticRun) -
 
 
 def test_the_json_report_is_written_a_batch_at_a_time(
-    tmp_path: Path, skewed: synthetic.SyntheticRun
+    tmp_path: Path, skewed: synthetic.SyntheticRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`write_json` writes `json.dumps(run_json(run), indent=1)` byte for byte (with
     and without spans; requests in a list, the index's made on demand, none at all),
@@ -379,6 +380,11 @@ def test_the_json_report_is_written_a_batch_at_a_time(
         assert got[spans] == json.dumps(run_json(lazy, spans=spans), indent=1)
         for run in (plain, plain.of([])):
             assert written(run, spans) == json.dumps(run_json(run, spans=spans), indent=1)
+    told: list[tuple[int, int]] = []  # its progress (on a terminal: `report --out`)
+    monkeypatch.setattr(report_json, "PROGRESS_EVERY", 7)
+    write_json(lazy, io.StringIO(), progress=lambda *a: told.append(a))
+    n = len(lazy.requests)
+    assert told == [(k, n) for k in (*range(7, n, 7), n)]
     lazy.with_requests(idx.with_spans(lazy.requests))
     assert isinstance(lazy.requests, LazyRequests) and lazy.columns() is not None
     whole = json.loads(written(lazy, True))
@@ -388,6 +394,24 @@ def test_the_json_report_is_written_a_batch_at_a_time(
     del whole["load_stats"], want["load_stats"]
     assert whole == want and all(r["spans"] for r in whole["requests"])
     idx.close()
+
+
+def test_report_says_when_it_builds_the_index(
+    tmp_path: Path, skewed: synthetic.SyntheticRun, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The one slow report (a cold build: a minute at 200,000 requests) says on stderr
+    that it builds the index, and how long it took; a warm one says nothing of it."""
+    from tracedpush.cli import main
+
+    d = tmp_path / "traces"
+    skewed.write(d)
+    argv = ["report", "--traces", str(d), "--index", "--out", str(tmp_path / "r.txt")]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert f"building the analysis index in {d / INDEX_DIRNAME} (once)" in err
+    assert re.search(r"analysis index built: [\d,]+ requests in [\d.]+ s", err), err
+    assert main(argv) == 0
+    assert "analysis index" not in capsys.readouterr().err
 
 
 def _no_load_line(text: str) -> list[str]:

@@ -7,6 +7,7 @@ A renderer, beside `report` (text) and `perfetto`: it reads the analysis' data
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from tracedpush.analysis.compare import compare
@@ -59,22 +60,32 @@ def run_json(run: RunAnalysis, *, spans: bool = False) -> dict[str, Any]:
     return _document(run, [request_json(r, spans=spans) for r in run.requests])
 
 
-def write_json(run: RunAnalysis, out: TextIO, *, spans: bool = False) -> None:
+def write_json(
+    run: RunAnalysis,
+    out: TextIO,
+    *,
+    spans: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
     """Write ``json.dumps(run_json(run, spans=spans), indent=1)`` to `out`, its requests
     a batch at a time (`LazyRequests.stream`): the report of a whole big run without its
-    requests, their dicts or the text held at once (200,000 requests: 9 GB that way)."""
+    requests, their dicts or the text held at once (200,000 requests: 9 GB that way).
+    `progress(written, total)`: after every `PROGRESS_EVERY` requests and the last."""
     head, tail = json.dumps(_document(run, _REQUESTS), indent=1).split(json.dumps(_REQUESTS))
     out.write(head)
     requests = run.requests
     each = requests.stream() if isinstance(requests, LazyRequests) else iter(requests)
     sep = "[\n  "
-    for r in each:  # an item of the list at depth 2, as `json.dumps` indents it
+    for n, r in enumerate(each, 1):  # an item of the list at depth 2, as `json.dumps` has it
         out.write(sep + json.dumps(request_json(r, spans=spans), indent=1).replace("\n", "\n  "))
         sep = ",\n  "
+        if progress is not None and (n % PROGRESS_EVERY == 0 or n == len(requests)):
+            progress(n, len(requests))
     out.write("[]" if sep.startswith("[") else "\n ]")
     out.write(tail)
 
 
+PROGRESS_EVERY = 10_000  # requests between two `write_json` progress calls (about 4 s)
 # where `write_json` puts the requests, written one by one (a string no report holds)
 _REQUESTS = "\0requests\0"
 
