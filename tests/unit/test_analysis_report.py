@@ -359,3 +359,39 @@ def test_several_traces_flags_are_one_store(
     assert len(both) == 12 and all(r["complete"] for r in both)
     assert cli_main([*argv, "--traces", str(tmp_path / "absent")]) == 2
     assert f"{tmp_path / 'absent'}: no such file or directory" in capsys.readouterr().err
+
+
+def test_a_report_that_fails_midway_leaves_the_earlier_one(
+    traces: tuple[Path, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--out is written beside it and then renamed: a report that fails midway (a full
+    disk; here the JSON writer raising after part of it) says why, exits 1, and leaves
+    the earlier report at --out whole and no temporary file. /dev/null stays a device."""
+    import os
+    import stat
+
+    from tracedpush.analysis import command
+
+    d, _ = traces
+    out = tmp_path / "report.json"
+    argv = ["report", "--traces", str(d), "--format", "json", "--out", str(out)]
+    assert cli_main(argv) == 0
+    before = out.read_text()
+    assert json.loads(before)["requests"]
+
+    def torn(_run: Any, fh: Any, **_kw: Any) -> None:
+        fh.write('{\n "version": 2,')
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(command, "write_json", torn)
+    capsys.readouterr()
+    assert cli_main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"could not write {out}" in err and "No space left on device" in err
+    assert out.read_text() == before and sorted(tmp_path.iterdir()) == [out]
+    monkeypatch.undo()
+    assert cli_main([*argv[:-1], os.devnull]) == 0
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sqlite3
 import sys
 import time
@@ -100,7 +101,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="table",
         help="output format (--bench: table or json)",
     )
-    parser.add_argument("--out", metavar="FILE", help="write here instead of stdout")
+    parser.add_argument(
+        "--out",
+        metavar="FILE",
+        help="write here instead of stdout (beside it, then renamed onto it when whole)",
+    )
     parser.add_argument(
         "--no-skew-correction",
         action="store_true",
@@ -194,9 +199,10 @@ def _index(args: argparse.Namespace, kwargs: dict) -> AnalysisIndex | None:
     return idx
 
 
-def _write(args: argparse.Namespace, report: str | Callable[[TextIO], None], what: str) -> None:
+def _write(args: argparse.Namespace, report: str | Callable[[TextIO], None], what: str) -> int:
     """The report to --out or stdout: its text, or what writes it to a stream (the JSON
-    report of a big run, never held whole: `write_json`)."""
+    report of a big run, never held whole: `write_json`). 0, or 1 when --out could not
+    be written (said on stderr)."""
 
     def write(fh: TextIO) -> None:
         if isinstance(report, str):
@@ -206,12 +212,27 @@ def _write(args: argparse.Namespace, report: str | Callable[[TextIO], None], wha
         fh.write("\n")
 
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        with Path(args.out).open("w") as fh:
-            write(fh)
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.exists() and not out.is_file():  # /dev/null, a pipe: written as it is
+            with out.open("w") as fh:
+                write(fh)
+        else:  # written beside, then renamed: a report stopped or failed midway (^C, a
+            # full disk, a minute into a big JSON export) leaves no torn file, and an
+            # earlier report at --out as it was
+            tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+            try:
+                with tmp.open("w") as fh:
+                    write(fh)
+                os.replace(tmp, out)
+            except OSError as exc:
+                return _error(f"could not write {out}: {exc}", 1)
+            finally:
+                tmp.unlink(missing_ok=True)
         print(f"wrote {args.out} ({what}, format {args.format})", file=sys.stderr)
     else:
         write(sys.stdout)
+    return 0
 
 
 def _update(idx: AnalysisIndex) -> RunAnalysis:
@@ -283,11 +304,11 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(store, AnalysisIndex) and with_spans:
         result.with_requests(store.with_spans(result.requests))
     try:
-        _render(args, result, store)
+        failed = _render(args, result, store)
     finally:
         if isinstance(store, AnalysisIndex):  # closed once written: the JSON report
             store.close()  # reads its requests from it as it writes them
-    return 0 if result.requests else 1
+    return failed or (0 if result.requests else 1)
 
 
 def _progress(written: int, total: int) -> None:
@@ -299,8 +320,8 @@ def _progress(written: int, total: int) -> None:
 
 def _render(
     args: argparse.Namespace, result: RunAnalysis, store: TraceStore | AnalysisIndex
-) -> None:
-    """`result` in the asked format, to --out or stdout."""
+) -> int:
+    """`result` in the asked format, to --out or stdout (`_write`'s code)."""
     if not result.requests:
         print(
             f"tracedpush report: no requests found in {store.describe()} "
@@ -315,7 +336,7 @@ def _render(
         text = functools.partial(write_json, result, spans=args.spans, progress=progress)
     else:
         text = json.dumps(to_perfetto(result), separators=(",", ":"))
-    _write(args, text, f"{len(result.requests)} requests")
+    return _write(args, text, f"{len(result.requests)} requests")
 
 
 def bench_traces(paths: list[str], results: list[BenchResult]) -> list[Path]:
@@ -374,5 +395,4 @@ def run_bench(args: argparse.Namespace) -> int:
             1,
         )
     text = json.dumps(bj.to_json(), indent=1) if args.format == "json" else render_bench(bj)
-    _write(args, text, f"{bj.rows} requests in {len(results)} files, {bj.joined} joined")
-    return 0
+    return _write(args, text, f"{bj.rows} requests in {len(results)} files, {bj.joined} joined")
