@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
 
 from tracedpush.proxy.app import STATE
 from tracedpush.proxy.upstream import Timeouts
@@ -53,13 +53,18 @@ def sse_chunks(text: str) -> list[Any]:
     return out
 
 
+_HELD: list[socket.socket] = []  # the ports `dead_url` gave out, bound and never listened on
+
+
 async def dead_url() -> str:
-    """A URL nobody listens on (a server's port, after it closed)."""
-    server = TestServer(StubEngine("prefill").app())
-    await server.start_server()
-    url = str(server.make_url("")).rstrip("/")
-    await server.close()
-    return url
+    """A URL nobody listens on: its port bound, never listened on (a connection is
+    refused), and held until the tests end. A port freed instead (a server's, after it
+    closed) was handed to the next server that asked, the rig's own stubs among them,
+    which then answered."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    _HELD.append(s)
+    return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 # ------------------------------------------------------------------------------ pull
