@@ -374,6 +374,10 @@ def test_the_json_report_is_written_a_batch_at_a_time(
 
     got = {spans: written(lazy, spans) for spans in (False, True)}
     assert lazy.requests.loaded == 0  # made, written, let go
+    par = AnalysisIndex([d], index_dir=tmp_path / "parallel", parallel=True)
+    assert written(par.update(), False) == got[False]  # its results made again to write,
+    assert all(k.result is None for k in par._kept.values())  # and not kept there either
+    par.close()
     batches = list(lazy.requests.stream(step=7))  # batches that do not divide the run
     assert lazy.requests.loaded == 0 and batches == list(lazy.requests)
     for spans in (False, True):

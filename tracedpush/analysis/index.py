@@ -38,6 +38,7 @@ on demand for the requests asked (`AnalysisIndex.request`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import marshal
 import os
@@ -768,8 +769,9 @@ class AnalysisIndex:
         kept, tpots = slots.kept[order], slots.tpot[order]
         resources = state.resources
 
-        def results(positions: list[int]) -> list[RequestAnalysis]:
-            """The requests at `positions`, with this update's run-wide fields."""
+        def results(positions: list[int], keep: bool = True) -> list[RequestAnalysis]:
+            """The requests at `positions`, with this update's run-wide fields; each made
+            is kept (`Kept.result`) unless not to `keep` (`LazyRequests.stream`)."""
             ids = cols.trace_id
             got = self._load_results(
                 {ids[i]: kept[i] for i in positions if kept[i].result is None}, resources
@@ -779,7 +781,9 @@ class AnalysisIndex:
                 k = kept[i]
                 r = k.result
                 if r is None:
-                    r = k.result = got[ids[i]]
+                    r = got[ids[i]]
+                    if keep:
+                        k.result = r
                 r.load, r.load_bucket, r.bucket = cols.load[i], cols.load_bucket[i], cols.bucket[i]
                 r.tpot_breakdown_ms = tpots[i]
                 out.append(r)
@@ -795,7 +799,7 @@ class AnalysisIndex:
             ]
             return self._spanned(got)
 
-        lazy = LazyRequests(len(order), results)
+        lazy = LazyRequests(len(order), results, functools.partial(results, keep=False))
         self._spanned_of = (lazy, spanned)
         return RunAnalysis(
             requests=lazy,  # type: ignore[arg-type]

@@ -99,11 +99,19 @@ class RequestAnalysis:
 class LazyRequests(Sequence["RequestAnalysis"]):
     """A run's requests made on first use (the analysis index keeps them on disk: a warm
     report reads the few it prints, and `RunColumns` for the rest). ``load(positions)``
-    returns the requests at those positions; each is made once."""
+    returns the requests at those positions; each is made once. ``passing(positions)``,
+    if given, makes them for `stream` without the loader keeping them either (the
+    index keeps what `load` makes for its later snapshots)."""
 
-    def __init__(self, n: int, load: Callable[[list[int]], list[RequestAnalysis]]) -> None:
+    def __init__(
+        self,
+        n: int,
+        load: Callable[[list[int]], list[RequestAnalysis]],
+        passing: Callable[[list[int]], list[RequestAnalysis]] | None = None,
+    ) -> None:
         self._items: list[RequestAnalysis | None] = [None] * n
         self._load = load
+        self._passing = passing or load
 
     def __len__(self) -> int:
         return len(self._items)
@@ -138,7 +146,7 @@ class LazyRequests(Sequence["RequestAnalysis"]):
         for lo in range(0, len(self._items), step):
             positions = range(lo, min(lo + step, len(self._items)))
             todo = [i for i in positions if self._items[i] is None]
-            made = dict(zip(todo, self._load(todo), strict=True)) if todo else {}
+            made = dict(zip(todo, self._passing(todo), strict=True)) if todo else {}
             for i in positions:
                 yield made[i] if i in made else self._items[i]  # type: ignore[misc]
 
