@@ -97,6 +97,19 @@ def run_outcome(item: pytest.Item) -> str:
 
 
 @pytest.fixture
+def slow_build_traces(tmp_path: Path) -> Path:
+    """A traces directory whose parallel index build takes a second or two (60 requests,
+    each span 40 times over): long enough to stop or kill mid-build."""
+    from tracedpush.testing import synthetic
+
+    d = tmp_path / "traces"
+    synthetic.generate(60, seed=4, batch=8).write(d)
+    for f in d.rglob("*.jsonl"):
+        f.write_bytes(f.read_bytes() * 40)
+    return d
+
+
+@pytest.fixture
 def figures(request: pytest.FixtureRequest) -> Iterator[Figures]:
     """The test's measured figures: one JSON line in ``$TRACEDPUSH_FIGURES`` if set."""
     callspec = getattr(request.node, "callspec", None)

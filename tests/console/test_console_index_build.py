@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +19,7 @@ from tracedpush.analysis import index as index_mod
 from tracedpush.console import data
 from tracedpush.console.source import Source
 from tracedpush.testing import synthetic
-from tracedpush.testing.processes import alive, descendants
+from tracedpush.testing.processes import python_tree, wait_ended
 
 
 @pytest.fixture
@@ -72,41 +69,23 @@ def test_a_child_that_fails_leaves_the_build_to_the_console(
     assert "the index build process failed (exit 1)" in caplog.text
 
 
-def test_the_child_and_its_workers_end_with_their_parent(tmp_path: Path) -> None:
+def test_the_child_and_its_workers_end_with_their_parent(slow_build_traces: Path) -> None:
     """A console killed (SIGKILL: no cleanup of its own) while the child builds: the
     kernel sends the child SIGTERM, and it stops its build workers and ends, the index
     left unbuilt (a child that went on would have finished it). The child and workers
     are frozen (SIGSTOP) from before the kill until after it, so the build cannot
     finish first."""
-    d = tmp_path / "traces"
-    synthetic.generate(60, seed=4, batch=8).write(d)
-    for f in d.rglob("*.jsonl"):  # each span 40 times over: a build of a second or two
-        f.write_bytes(f.read_bytes() * 40)
+    d = slow_build_traces
     code = (
         "import sys; from pathlib import Path; from tracedpush.analysis import index_child;"
         "index_child.build([Path(sys.argv[1])])"
     )
-    parent = subprocess.Popen([sys.executable, "-c", code, str(d)])
-    below: set[int] = set()
-    try:
-        deadline = time.monotonic() + 60
-        while len(below := descendants(parent.pid)) < 3:  # the child and its 2 workers
-            assert parent.poll() is None and time.monotonic() < deadline, below
-            time.sleep(0.01)
+    with python_tree(code, str(d), below=3) as (parent, below):  # the child, its 2 workers
         for pid in sorted(below):  # the child first
             os.kill(pid, signal.SIGSTOP)
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
         for pid in below:
             os.kill(pid, signal.SIGCONT)
-        deadline = time.monotonic() + 30
-        while [p for p in below if alive(p)]:
-            assert time.monotonic() < deadline, [p for p in below if alive(p)]
-            time.sleep(0.1)
+        wait_ended(below)
         assert index_mod.AnalysisIndex([d]).needs_build()
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-        for pid in below:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)

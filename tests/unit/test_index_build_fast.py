@@ -552,42 +552,20 @@ def test_a_stopped_build_ends_its_workers_even_mid_message(tmp_path: Path, monke
         idx.close()
 
 
-def test_workers_end_when_the_build_is_killed(tmp_path: Path) -> None:
+def test_workers_end_when_the_build_is_killed(slow_build_traces: Path) -> None:
     """A `report` killed outright (SIGKILL: no cleanup) while its workers build: they
     end by themselves. Before, each worker held copies of the parent's pipe ends from
     the fork (its own among them), so one waiting for the offsets never saw EOF and one
     sending blocked once the buffer was full: both stayed, for good."""
     import signal
-    import subprocess
-    import sys
-    import time
 
-    from tracedpush.testing.processes import alive, descendants
+    from tracedpush.testing.processes import python_tree, wait_ended
 
-    d = tmp_path / "traces"
-    synthetic.generate(60, seed=4, batch=8).write(d)
-    for f in d.rglob("*.jsonl"):  # each span 40 times over: a build of a second or two
-        f.write_bytes(f.read_bytes() * 40)
     code = (
         "import sys; from pathlib import Path; from tracedpush.analysis.index import "
         "AnalysisIndex; AnalysisIndex([Path(sys.argv[1])], parallel=True).update()"
     )
-    parent = subprocess.Popen([sys.executable, "-c", code, str(d)])
-    workers: set[int] = set()
-    try:
-        deadline = time.monotonic() + 60
-        while len(workers := descendants(parent.pid)) < index_build.SHARDS:
-            assert parent.poll() is None and time.monotonic() < deadline, workers
-            time.sleep(0.01)
+    with python_tree(code, str(slow_build_traces), below=index_build.SHARDS) as (parent, workers):
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
-        deadline = time.monotonic() + 30
-        while [p for p in workers if alive(p)]:
-            assert time.monotonic() < deadline, [p for p in workers if alive(p)]
-            time.sleep(0.1)
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-        for pid in workers:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        wait_ended(workers)

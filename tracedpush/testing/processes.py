@@ -7,6 +7,12 @@ orphans) is checked by something it did not write.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 
 def alive(pid: int) -> bool:
@@ -36,3 +42,34 @@ def descendants(root: int) -> set[int]:
                 found.add(child)
                 todo.append(child)
     return found
+
+
+@contextmanager
+def python_tree(
+    code: str, *args: str, below: int, timeout: float = 60.0
+) -> Iterator[tuple[subprocess.Popen, set[int]]]:
+    """``python -c code args...``, once at least `below` processes run below it: yields
+    it and those, and kills whatever of them is still alive on the way out (a test that
+    failed leaves nothing behind)."""
+    parent = subprocess.Popen([sys.executable, "-c", code, *args])
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + timeout
+        while len(seen := descendants(parent.pid)) < below:
+            assert parent.poll() is None and time.monotonic() < deadline, seen
+            time.sleep(0.01)
+        yield parent, seen
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        for pid in seen:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def wait_ended(pids: Iterable[int], timeout: float = 30.0) -> None:
+    """Wait until none of `pids` is alive; fails naming those left after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while left := [p for p in pids if alive(p)]:
+        assert time.monotonic() < deadline, left
+        time.sleep(0.1)
