@@ -46,7 +46,7 @@ import pickle
 import sqlite3
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -90,6 +90,7 @@ from tracedpush.analysis.timeline import (
 )
 
 INDEX_DIRNAME = ".tracedpush-index"
+_NO_LOAD = LoadCounter(())  # a request analysed alone: its load is set run-wide afterwards
 FORMAT = 2  # bump when what is stored changes: an index of another format is rebuilt
 _DB = "index.sqlite"
 # kept beside the database as files (0.8 s to write at 200,000 requests where a blob in
@@ -417,7 +418,6 @@ class AnalysisIndex:
         when the snapshot asking was made (a stored span names its resource by place)."""
         out: dict[str, RequestAnalysis] = {}
         number = {id(r): i for i, r in enumerate(resources)}
-        no_load = LoadCounter(())
         for shard, some in _by_shard(want).items():
             db = open_span_db(self.dir, shard)
             try:
@@ -429,13 +429,24 @@ class AnalysisIndex:
             for tid, blob in rows:
                 k = want[tid]
                 off = dict(zip(k.facts.res, k.offsets or (), strict=True))
-                req = [s for s in unpack(tid, blob, resources) if s.name not in PROCESS_SPANS]
-                off_ns = {id(s.resource): off[number[id(s.resource)]] for s in req}
-                ix = TraceIndex(tid, req)
-                out[tid] = request_analysis(
-                    ix, off_ns, no_load, self.buckets, self.load_buckets, False
-                )
+                out[tid] = self._analysed(tid, unpack(tid, blob, resources), off, number)
         return out
+
+    def _analysed(
+        self,
+        tid: str,
+        spans: Iterable[Span],
+        offsets: Sequence[int] | Mapping[int, int],
+        position: Mapping[int, int],
+        with_spans: bool = False,
+    ) -> RequestAnalysis:
+        """Trace `tid`'s request analysed on its own (the run-wide fields, load first, are
+        set afterwards), each resource's clock moved by `offsets[position[id(resource)]]`
+        ns. What every path that makes a result does: update, cold build, reads."""
+        req = [s for s in spans if s.name not in PROCESS_SPANS]
+        off_ns = {id(s.resource): offsets[position[id(s.resource)]] for s in req}
+        ix = TraceIndex(tid, req)
+        return request_analysis(ix, off_ns, _NO_LOAD, self.buckets, self.load_buckets, with_spans)
 
     # ------------------------------------------------------------------ reading
     def _read(self) -> list[Span]:
@@ -719,12 +730,9 @@ class AnalysisIndex:
         state.off = off
         need = [t for t in stale if t not in changed]
         spans_of = {**self._load_spans(need), **changed} if need else changed
-        no_load = LoadCounter(())
         for tid in stale:
             k = self._kept[tid]
-            ix = TraceIndex(tid, [s for s in spans_of[tid] if s.name not in PROCESS_SPANS])
-            off_ns = {id(s.resource): off[self._res_ix[id(s.resource)]] for s in ix.spans}
-            k.result = request_analysis(ix, off_ns, no_load, self.buckets, self.load_buckets, False)
+            k.result = self._analysed(tid, spans_of[tid], off, self._res_ix)
             k.row = row_of(k.result)
             k.offsets = tuple(off[r] for r in k.facts.res)
         self.last_reanalysed = len(stale)
@@ -1098,12 +1106,8 @@ class AnalysisIndex:
         with its spans (the current offsets) and those run-wide fields."""
         loaded = self._load_spans([tid for tid, *_ in requests])
         out = []
-        no_load = LoadCounter(())
         for tid, load, load_bucket, bucket, breakdown in requests:
-            spans = [s for s in loaded.get(tid, ()) if s.name not in PROCESS_SPANS]
-            ix = TraceIndex(tid, spans)
-            off_ns = {id(s.resource): self._off_ns[self._res_ix[id(s.resource)]] for s in spans}
-            full = request_analysis(ix, off_ns, no_load, self.buckets, self.load_buckets, True)
+            full = self._analysed(tid, loaded.get(tid, ()), self._off_ns, self._res_ix, True)
             full.load, full.load_bucket, full.bucket = load, load_bucket, bucket
             full.tpot_breakdown_ms = breakdown
             out.append(full)

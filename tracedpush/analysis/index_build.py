@@ -52,7 +52,6 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from tracedpush.analysis.analyze import PROCESS_SPANS, request_analysis
 from tracedpush.analysis.columns import row_of
 from tracedpush.analysis.index_steps import split_tpot
 from tracedpush.analysis.index_store import (
@@ -68,7 +67,6 @@ from tracedpush.analysis.index_store import (
 from tracedpush.analysis.model import LoadStats, Resource, Span
 from tracedpush.analysis.otlp import Decoder, Malformed, attributes, norm_id
 from tracedpush.analysis.steps import StepParts
-from tracedpush.analysis.timeline import LoadCounter, TraceIndex
 
 # `idx` below is an `index.AnalysisIndex` (not imported: index imports this module)
 AnalysisIndex = Any
@@ -414,14 +412,9 @@ def _run_worker(
         # (`AnalysisIndex._load_results` makes one again when it is asked for: writing
         # 200,000 took about 5 s of the build's CPU, mostly for results nobody reads)
         rows = {}
-        no_load = LoadCounter(())
         for tid, _packed, spans in w.traces(list(w.spans)):
             del w.spans[tid]
-            req = [s for s in spans if s.name not in PROCESS_SPANS]
-            ix = TraceIndex(tid, req)
-            off_ns = {id(s.resource): off[res_ix[id(s.resource)]] for s in req}
-            r = request_analysis(ix, off_ns, no_load, idx.buckets, idx.load_buckets, False)
-            rows[tid] = row_of(r)
+            rows[tid] = row_of(idx._analysed(tid, spans, off, res_ix))
         # the parent joined the engine steps meanwhile
         steps = pickle.loads(conn.recv_bytes())  # always read: the parent always sends
         tpots = split_tpot(((t, row, facts[t]) for t, row in rows.items()), off, lambda: steps)
