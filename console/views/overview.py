@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from tracedpush.analysis.compare import explain_delta
-from tracedpush.console import charts, ui
+from tracedpush.console import charts, derived, ui
 
 try:
     from tracedpush.analysis.tpot import explain_tpot_delta
@@ -91,23 +91,29 @@ failed = snap.failures
 if failed is not None and failed.total:
     failed_requests(failed, snap.failure_examples)
 
-stat = st.segmented_control("Statistic", charts.STATS, default="p50", key="overview_stat") or "p50"
+stat = (
+    st.segmented_control(
+        "Statistic", charts.STATS, default=derived.DEFAULT_STAT, key="overview_stat"
+    )
+    or derived.DEFAULT_STAT
+)
+figures = derived.overview_figures(snap, stat)  # kept per snapshot, warmed at start
 st.subheader(f"TTFT and TPOT by load ({stat})")
-st.plotly_chart(charts.latency_by_load(cmp, stat), key="by_load")
+st.plotly_chart(figures["by_load"], key="by_load")
 st.subheader(f"TTFT and TPOT by prompt length ({stat}, all loads)")
-st.plotly_chart(charts.latency_by_prompt(cmp, stat), key="by_prompt")
+st.plotly_chart(figures["by_prompt"], key="by_prompt")
 
 left, right = st.columns([3, 2])
 with left:
     st.subheader("Where TTFT goes: critical path by phase (mean ms)")
-    st.plotly_chart(charts.critical_path_stack(cmp), key="critical_stack")
+    st.plotly_chart(figures["critical_stack"], key="critical_stack")
 with right:
     total = overall.ttft_mean_delta_ms if overall is not None else None
     st.subheader(
         f"Why {cmp.b} differs from {cmp.a}"
         + ("" if total is None else f": {total:+,.1f} ms mean TTFT")
     )
-    st.plotly_chart(charts.ttft_delta(cmp), key="ttft_delta")
+    st.plotly_chart(figures["ttft_delta"], key="ttft_delta")
     st.caption("Per-phase mean differences; they add up to the mean TTFT difference.")
 
 if overall is not None and overall.account is not None:
@@ -140,7 +146,7 @@ elif found is not None:
     st.caption(f"No CPU contention found in {found.samples:,} thread samples.")
 
 st.subheader("Every request")
-scatter = charts.requests_scatter(snap.table)
+scatter = figures["requests"]
 st.plotly_chart(
     scatter,
     key="requests",

@@ -27,14 +27,13 @@ what = st.radio(
     "Span durations: every span as recorded, whether or not it delayed the first token.",
 )
 modes = st.multiselect("Modes", snap.modes, default=snap.modes, key="phases_modes")
-boxes = derived.phase_boxes(snap, what, modes)  # kept per snapshot, warmed at start
-if not boxes.parts:
+if not derived.phase_boxes(snap, what, modes).parts:  # kept per snapshot, warmed at start
     st.info("No phases for the chosen modes.")
     st.stop()
 
 st.subheader(f"{what.capitalize()} per phase (ms)")
 st.plotly_chart(
-    charts.draw_phase_boxes(boxes),
+    derived.phase_boxes_figure(snap, what, modes),
     key="phase_boxes",
     on_select=lambda: ui.follow_click("phase_boxes"),
     selection_mode="points",
@@ -117,14 +116,13 @@ else:
         )
 
 st.subheader("Outliers")
-frame: pd.DataFrame = getattr(snap, derived.PHASE_MEASURES[what])
-frame = frame[frame["mode"].isin(modes)]
+found = derived.outliers(snap, what, modes)  # kept per snapshot, warmed at start
 left, right = st.columns(2)
-names = charts.phase_order(frame["phase"].unique())
-biggest = frame.loc[frame["ms"].idxmax(), "phase"]
-phase = left.selectbox("Phase", names, index=names.index(biggest), key="outlier_phase")
-n = right.slider("How many", 5, 50, 10, key="outlier_n")
-worst = frame[frame["phase"] == phase].nlargest(n, "ms")
+phase = left.selectbox(
+    "Phase", found.phases, index=found.phases.index(found.biggest), key="outlier_phase"
+)
+n = right.slider("How many", 5, derived.OUTLIERS_MAX, 10, key="outlier_n")
+worst = found.worst(phase, n)
 ids = worst["trace_id"].tolist()
 
 

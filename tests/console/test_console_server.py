@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import urllib.request
 
+import pandas as pd
 import pytest
 
 from tracedpush.console import charts, data, derived
@@ -46,6 +47,43 @@ def test_warm_derives_what_every_first_visit_reads(traces):
     for a, b in zip(warmed.parts, again.parts, strict=True):
         assert (a.phase, a.mode, a.stats) == (b.phase, b.mode, b.stats)
         assert (a.top_ms == b.top_ms).all() and (a.top_ids == b.top_ids).all()
+    # the first visits' figures and outliers too, each made once and then shared
+    figures = derived.overview_figures(snap, derived.DEFAULT_STAT)
+    assert figures == derived.overview_figures(snap, derived.DEFAULT_STAT)
+    assert all(
+        a is b
+        for a, b in zip(
+            figures.values(),
+            derived.overview_figures(snap, derived.DEFAULT_STAT).values(),
+            strict=True,
+        )
+    )
+    boxes = derived.phase_boxes_figure(snap, default, snap.modes)
+    assert boxes is derived.phase_boxes_figure(snap, default, snap.modes)
+    assert derived.outliers(snap, default, snap.modes) is derived.outliers(
+        snap, default, snap.modes
+    )
+
+
+@pytest.mark.parametrize("measure", list(derived.PHASE_MEASURES))
+def test_outliers_are_each_phase_largest_rows_as_the_frame_gives_them(traces, measure):
+    """`derived.outliers` keeps each phase's largest rows once per snapshot; what the
+    Phases page lists from it must be what it filtered from the whole frame before,
+    ties (a hidden phase's 0 ms) in the frame's order."""
+    snap = data.Feed(Source.traces([str(traces[0])])).snapshot()
+    for modes in (snap.modes, snap.modes[:1]):
+        frame = getattr(snap, derived.PHASE_MEASURES[measure])
+        frame = frame[frame["mode"].isin(modes)]
+        found = derived.outliers(snap, measure, modes)
+        assert found.phases == charts.phase_order(frame["phase"].unique())
+        assert found.biggest == frame.loc[frame["ms"].idxmax(), "phase"]
+        tied = 0
+        for phase in found.phases:
+            rows = frame[frame["phase"] == phase]
+            tied += int(rows["ms"].duplicated().any())
+            for n in (5, 10, derived.OUTLIERS_MAX):
+                pd.testing.assert_frame_equal(found.worst(phase, n), rows.nlargest(n, "ms"))
+        assert tied  # the comparison covers ties
 
 
 def test_one_feed_per_source_and_the_least_recent_goes_first(monkeypatch, tmp_path):
@@ -88,3 +126,20 @@ def test_tpot_accounts_of_an_indexed_run_read_no_result_back(traces, monkeypatch
     mem = data.Snapshot(snap.source, 0, analyze(TraceStore.from_paths([traces[0]])), None)
     want = mem.tpot_accounts
     assert {k: v.to_json() for k, v in got.items()} == {k: v.to_json() for k, v in want.items()}
+
+
+def test_outliers_of_a_frame_without_values_are_empty():
+    """A measure with no finite value has no boxes (the page stops there) and no outliers,
+    rather than an error in the warm-up. A stand-in snapshot: only the frame matters."""
+
+    class Frames:
+        phase_frame = pd.DataFrame(
+            {"trace_id": ["t"], "request_id": ["r"], "mode": ["push"], "phase": ["queue"],
+             "ms": [float("nan")]}
+        )  # fmt: skip
+
+        def memo(self, key, make):
+            return make()
+
+    found = derived.outliers(Frames(), next(iter(derived.PHASE_MEASURES)), ["push"])
+    assert (found.phases, found.top) == ([], {})
