@@ -180,9 +180,11 @@ def test_breakdown_over_arrays_equals_the_step_walk(
         c[cols.END, rng.sample(range(c.shape[1]), c.shape[1] // 10)] += 3 * 10**7
         store._lists.clear()
         store._solo.clear()
+        store._solo_steps.clear()
         store._max_end.clear()
         arr = index_steps.StepArrays(c)
-        solo = store.solo_forward_us(eid)
+        solo = store.step_solo_us(eid)
+        assert solo.tolist() == arr.solo_us.tolist()
         windows = []
         for _ in range(300):
             t0 = rng.randrange(lo, hi)
@@ -190,11 +192,12 @@ def test_breakdown_over_arrays_equals_the_step_walk(
             windows.append((t0, t1, rng.uniform(0.01, 20.0), rng.randrange(1, 200)))
         t0s, t1s, tps, tokens = (list(x) for x in zip(*windows, strict=True))
         assert len({t1 - t0 for t0, t1, *_ in windows}) > 5
-        # the engine's solo cost (None: the store has none) and one that cuts more steps
-        for s_us in [solo] if solo is None else [solo, solo / 2]:
+        # the steps' solo costs; ones that cut more steps; an engine without any (NaN)
+        for s_us in (solo, solo / 2, np.full(len(solo), np.nan)):
+            arr.solo_us = s_us
             want = [breakdown(store, eid, *w, solo_us=s_us) for w in windows]
             for block in (index_steps.BLOCK, 4096, 64, 1):
-                got = index_steps.breakdowns(arr, t0s, t1s, tps, tokens, s_us, block)
+                got = index_steps.breakdowns(arr, t0s, t1s, tps, tokens, block)
                 assert got == want, block
             checked += len(windows)
     assert checked >= 300
@@ -372,3 +375,54 @@ def test_frame_columns_make_the_frame_of_the_table(
         pd.DataFrame(no_ttft.frame_columns()), pd.DataFrame(no_ttft.table())
     )
     idx.close()
+
+
+def _steps(starts_s: list[float], forward_us: list[int], decode_reqs: list[int]) -> np.ndarray:
+    """Worker-recorded steps (no connector calls) starting at `starts_s`, sorted."""
+    c = np.full((len(cols.FIELDS), len(starts_s)), cols.NONE, dtype=np.int64)
+    c[cols.START] = [int(s * 1e9) for s in starts_s]
+    c[cols.END] = c[cols.START] + 1000 * np.array(forward_us)
+    c[cols.DURATION] = forward_us
+    c[cols.DECODE_REQS] = decode_reqs
+    c[cols.PREFILL] = 0
+    return c
+
+
+def test_the_solo_cost_is_each_epoch_median_and_fills_epochs_without_one() -> None:
+    """`steps_columns.step_solo_us`: per step, the median forward of its minute's
+    one-decode-request steps; a minute without one takes the last earlier minute's, the
+    first minutes the first later one's; an engine without any, its smallest forward."""
+    minute = cols.SOLO_EPOCH_NS / 1e9
+    c = _steps(
+        [0.5 * minute, 1.1 * minute, 1.2 * minute, 1.3 * minute, 2.5 * minute, 3.1 * minute,
+         3.2 * minute, 4.5 * minute],
+        [900, 100, 300, 200, 700, 400, 600, 800],
+        [3, 1, 1, 1, 2, 1, 1, 4],
+    )  # fmt: skip
+    # minute 0: none (the first later: minute 1's); 1: median of 100, 300, 200; 2: none
+    # (minute 1's); 3: median of 400, 600; 4: none (minute 3's)
+    assert cols.step_solo_us(c).tolist() == [200.0, 200.0, 200.0, 200.0, 200.0, 500.0, 500.0, 500.0]
+    # a tail carrying the cost before it: its first minutes without one take that
+    assert cols.step_solo_us(c[:, 4:], carry=200.0).tolist() == [200.0, 500.0, 500.0, 500.0]
+    busy = _steps([0.1 * minute, 2.1 * minute], [900, 700], [3, 2])
+    busy[cols.NUM_REQS] = [3, 2]
+    assert cols.step_solo_us(busy).tolist() == [700.0, 700.0]  # no one-request step at all
+
+
+def test_extended_step_arrays_compute_only_the_last_epochs_again() -> None:
+    """`index_steps.StepArrays` extended from the arrays of the first steps: the same
+    solo costs as made from all steps at once, with only the epochs from the last
+    unchanged step's on computed again (its `same`)."""
+    rng = random.Random(5)
+    minute = cols.SOLO_EPOCH_NS / 1e9
+    starts = sorted(rng.uniform(0, 10 * minute) for _ in range(400))
+    c = _steps(starts, [rng.randrange(100, 900) for _ in starts],
+               [rng.choice([1, 1, 2, 3]) for _ in starts])  # fmt: skip
+    whole = index_steps.StepArrays(c)
+    for kept in (1, 37, 200, 399):
+        head = index_steps.StepArrays(c[:, :kept])
+        grown = index_steps.StepArrays(c, head, kept)
+        assert grown.solo_us.tolist() == whole.solo_us.tolist(), kept
+        epoch = c[cols.START, kept - 1] // cols.SOLO_EPOCH_NS
+        assert grown.same == int(np.argmax(c[cols.START] // cols.SOLO_EPOCH_NS == epoch))
+        assert (grown.max_end == whole.max_end).all() and (grown.worker == whole.worker).all()

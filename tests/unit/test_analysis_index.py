@@ -853,14 +853,22 @@ def test_results_of_the_parallel_build_are_made_again_when_read(tmp_path: Path) 
     live.close()
 
 
-def test_growing_process_traces_parse_only_new_steps(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("epochs", ["one", "eight"])
+def test_growing_process_traces_parse_only_new_steps(
+    tmp_path: Path, monkeypatch, epochs: str
+) -> None:
     """A live run: each engine process's trace of ``engine.steps`` and ``engine.threads``
     spans grows with every update, beside new requests. An update stores and parses only
     the process spans that arrived (not the trace so far); it splits again only the TPOT
-    of requests whose decode window meets steps that changed, unless an engine's solo
-    forward cost moved (it scales every breakdown); and the run still equals `analyze()`
-    of every span so far, also warm and after `close`."""
+    of requests whose decode window meets steps that changed, a step whose epoch's solo
+    forward cost moved among them; and the run still equals `analyze()` of every span so
+    far, also warm and after `close`.
+
+    The synthetic run lasts seconds, not the minutes of `SOLO_EPOCH_NS`; it is lowered
+    here so the run is one epoch (every breakdown split again when the solo cost moves,
+    as it does with most updates) or eight (only the last epochs' requests)."""
     from tracedpush.analysis import steps as steps_mod
+    from tracedpush.analysis import steps_columns
 
     one_host = dict.fromkeys(UNTIED, "h")  # one clock: offsets that hold still
     gen = synthetic.generate(160, seed=13, batch=4, modes=("push",), hosts=one_host)
@@ -869,6 +877,8 @@ def test_growing_process_traces_parse_only_new_steps(tmp_path: Path, monkeypatch
         int(p[2]["startTimeUnixNano"]) for p in pieces if p[2]["name"] == sc.SPAN_REQUEST
     )
     cuts = roots[20::20]
+    epoch_ns = 10**15 if epochs == "one" else (roots[-1] - roots[0]) // 8
+    monkeypatch.setattr(steps_columns, "SOLO_EPOCH_NS", epoch_ns)
     stages: list[list[Piece]] = [[] for _ in range(len(cuts) + 1)]
     for piece in pieces:
         stages[sum(int(piece[2]["endTimeUnixNano"]) > c for c in cuts)].append(piece)
@@ -883,7 +893,8 @@ def test_growing_process_traces_parse_only_new_steps(tmp_path: Path, monkeypatch
     d = tmp_path / "traces"
     d.mkdir()
     idx = AnalysisIndex([d], index_dir=tmp_path / "index")
-    solo_was, fewer, redone = None, 0, 0
+    solo_was: dict = {}
+    median_was, fewer, redone, median_moved_yet_fewer = None, 0, 0, 0
     for i, part in enumerate(stages):
         with (d / "run.jsonl").open("a") as fh:
             fh.writelines(map(_line, part))
@@ -896,30 +907,42 @@ def test_growing_process_traces_parse_only_new_steps(tmp_path: Path, monkeypatch
         assert bool(idx._step_cache.parts) == (i == 0)  # every trace's parts let go
         want = reference([d])
         same(run, want)
-        solo = {e: want.engine_steps.solo_forward_us(e) for e in want.engine_steps.columns}
-        if i and solo == solo_was:  # the steps before the last update's end hold still
+        ours = want.engine_steps
+        solo = {e: ours.step_solo_us(e) for e in ours.columns}  # per step
+        median = {e: ours.solo_forward_us(e) for e in ours.columns}  # the engine's, run-wide
+        held = all(  # every step the last update knew kept its solo cost
+            (v[: len(solo_was[e])] == solo_was[e]).all() for e, v in solo.items() if e in solo_was
+        )
+        if i and held:  # the steps before the last update's end hold still
             assert idx.last_tpot_redone < len(run.requests), i
             fewer += 1
             other = AnalysisIndex([d], index_dir=tmp_path / "index")  # what it stored
             same(other.update(), want)
             other.close()
         elif i:
-            assert idx.last_tpot_redone == len(run.requests), i
-            # ... saved as breakdowns alone, not every trace's row again (unless most
-            # rows changed: then all segments were merged into one)
-            db = idx._connect()
-            segments = db.execute("SELECT count(*) FROM kept").fetchone()[0]
-            tpots = db.execute("SELECT count(*) FROM tpots").fetchone()[0]
-            assert tpots == (segments > 1), (i, segments, tpots)
-            redone += segments > 1
+            if epochs == "one":  # the run's one solo cost moved: every breakdown again ...
+                assert idx.last_tpot_redone == len(run.requests), i
+                # ... saved as breakdowns alone, not every trace's row again (unless most
+                # rows changed: then all segments were merged into one)
+                db = idx._connect()
+                segments = db.execute("SELECT count(*) FROM kept").fetchone()[0]
+                tpots = db.execute("SELECT count(*) FROM tpots").fetchone()[0]
+                assert tpots == (segments > 1), (i, segments, tpots)
+                redone += segments > 1
             other = AnalysisIndex([d], index_dir=tmp_path / "index")  # what it stored
             same(other.update(), want)
             other.close()
-        solo_was = solo
+        if epochs == "eight" and i:  # whether or not the run-wide median moved, only
+            assert idx.last_tpot_redone < len(run.requests), i  # the new and latest ones
+            median_moved_yet_fewer += median != median_was
+        solo_was, median_was = solo, median
         if i:
             db = idx.span_db(0), idx.span_db(1)
             assert sum(x.execute("SELECT count(*) FROM more").fetchone()[0] for x in db) > 0
-    assert fewer >= 2 and redone >= 2, (fewer, redone)
+    if epochs == "one":
+        assert fewer >= 2 and redone >= 2, (fewer, redone)
+    else:  # the run-wide median moved, and yet only the last epochs' requests were split
+        assert median_moved_yet_fewer >= 2, median_moved_yet_fewer
 
     # the steps themselves are written on `close`: an index opened before reads them anew
     unsaved = AnalysisIndex([d], index_dir=tmp_path / "index")

@@ -756,7 +756,12 @@ class AnalysisIndex:
             elif where:
                 skip = left.union(stale)
                 meet = slots.meeting(where, off, now.arrays.keys())
-                todo += [(t, k) for t, k in slots.at(meet) if t not in skip]
+                again = [(t, k) for t, k in slots.at(meet) if t not in skip]
+                if not left and len(again) * 2 > len(self._kept):  # most earlier ones (a run
+                    # of one solo epoch): all, saved in place of every earlier breakdown
+                    todo, redo_all = list(slots.requests()), True
+                else:
+                    todo += again
         self.last_tpot_redone = len(todo)
         self._tpot_saved = [t for t, _k in todo]
         # what TPOT breakdowns need of the steps is kept beside them
@@ -1054,7 +1059,7 @@ class AnalysisIndex:
                 db.execute("INSERT INTO kept (seg, v) VALUES (?, ?)", (seg, blob))
                 blob = marshal.dumps({t: self._durations_packed(t) for t in part})
                 db.execute("INSERT INTO durations (seg, v) VALUES (?, ?)", (seg, blob))
-            if tpots:  # a moved solo cost redoes every breakdown: 4 numbers a trace
+            if tpots:  # breakdowns redone alone (a solo cost moved): 4 numbers a trace
                 blob = marshal.dumps({t: self._kept[t].tpot for t in tpots})
                 db.execute("INSERT INTO tpots (seg, v) VALUES (?, ?)", (seg, blob))
             state.segments += 1

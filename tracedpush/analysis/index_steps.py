@@ -12,13 +12,15 @@ refresh the whole run. Here:
   kept, a process trace replaced, new records older than the engine's recent ones);
 * `changed_windows` compares D's step arrays before and after: where they differ (new
   steps, a scheduler record joined to a worker one, every step of an engine whose clock
-  moved), per engine and in time, and whether an engine's solo forward cost moved. Only
+  moved, steps whose epoch's solo forward cost moved), per engine and in time. Only
   requests whose decode window meets a changed stretch of their engine need their
-  breakdown again (and those analysed again); a moved solo cost changes every breakdown
-  on its engine;
+  breakdown again (and those analysed again). The solo cost is per epoch of D's steps
+  (`steps_columns.step_solo_us`): new steps move only the latest epochs' (one cost for
+  the run moved with almost every refresh and split every breakdown again);
 * `TpotSteps` made from the last ones (steps extended, their engine's offsets
   unchanged) computes only the steps after each engine's unchanged head: its arrays
-  are the old head plus the new tail, its solo forward cost the median of a sorted
+  are the old head plus the new tail (the solo costs from the last unchanged step's
+  epoch on), the engine's run-wide solo cost (its summary's) the median of a sorted
   array kept up to date, and `changed_windows` does not compare the head again. At
   200,000 requests (4.7 M steps) that was 0.4 s of every refresh, now 0.03 s; what
   stays proportional to the run is a copy of the steps' columns (`steps_columns.extend`)
@@ -99,12 +101,17 @@ class StepArrays:
     """One engine's steps as arrays, in `EngineSteps.steps` order (sorted by start).
     `was`: the arrays of steps whose first `same` are these ones' first, unchanged (an
     extension, `EngineSteps.extended`): only the rest is computed, so a Live refresh
-    costs what is new plus a copy, not a pass over every step of the run."""
+    costs what is new plus a copy, not a pass over every step of the run.
+
+    ``solo_us``: each step's solo forward cost (`steps_columns.step_solo_us`). Extended,
+    only the epochs from the last unchanged step's on are computed again (``same``
+    becomes the first step of that epoch: `changed_windows` compares from there)."""
 
     def __init__(self, c: cols.Columns, was: StepArrays | None = None, same: int = 0) -> None:
         self.start = c[cols.START]  # views: the steps' columns are never changed
         self.end = c[cols.END]
-        k = same if was is not None else 0
+        self.same, self.solo_us, self.first_solo = _epoch_solo(c, was, same)
+        k = self.same if was is not None else 0
         tail = c[:, k:]
         conn = tail[cols.CONNECTOR]
         conn_us = np.where(conn == cols.NONE, 0, conn).astype(float)
@@ -122,10 +129,27 @@ class StepArrays:
             raise ValueError("engine steps not sorted by start")  # `EngineSteps` sorts them
 
 
+def _epoch_solo(c: cols.Columns, was: StepArrays | None, same: int) -> tuple[int, np.ndarray, int]:
+    """(steps known unchanged, `steps_columns.step_solo_us` of every step, the first
+    step that is a solo candidate or -1). From `was` (whose first `same` steps are
+    these'): the epochs before the last unchanged step's are kept; the rest computed
+    again, carrying the cost before them. Everything again when no step before them is a
+    candidate (their costs came from a later epoch, or the engine's fallback)."""
+    start = c[cols.START]
+    if was is not None and same > 0:
+        epoch = start[same - 1] // cols.SOLO_EPOCH_NS * cols.SOLO_EPOCH_NS
+        k = int(np.searchsorted(start, epoch, side="left"))
+        if 0 <= was.first_solo < k:
+            tail = cols.step_solo_us(c[:, k:], carry=float(was.solo_us[k - 1]))
+            return k, np.concatenate([was.solo_us[:k], tail]), was.first_solo
+    candidate = ~np.isnan(cols.solo_candidates(c)[0])
+    return 0, cols.step_solo_us(c), int(np.argmax(candidate)) if candidate.any() else -1
+
+
 class _Solo:
     """One engine's `steps_columns.solo_candidates` per step and each kind sorted: its
-    solo forward cost is then a median of a sorted array, kept up to date in place of
-    a partition of every step (`resorted`)."""
+    run-wide solo forward cost (the steps' summary) is then a median of a sorted array,
+    kept up to date in place of a partition of every step (`resorted`)."""
 
     def __init__(self, c: cols.Columns, was: _Solo | None = None, same: int = 0) -> None:
         solo, busy = cols.solo_candidates(c[:, same:] if was is not None else c)
@@ -147,9 +171,10 @@ class _Solo:
 
 
 class TpotSteps:
-    """What TPOT breakdowns need of a run's engine steps: D's steps as arrays, each
-    engine's solo forward cost, the decode engines. Kept beside the steps, so the TPOT
-    of a few new requests does not read every step back.
+    """What TPOT breakdowns need of a run's engine steps: D's steps as arrays (with each
+    step's solo forward cost), each engine's run-wide one (its summary's), the decode
+    engines. Kept beside the steps, so the TPOT of a few new requests does not read
+    every step back.
 
     `was`: the TpotSteps of the steps `store` extended (`EngineSteps.grown_from`), if at
     hand: then each engine's unchanged first steps are not computed again, and
@@ -197,9 +222,9 @@ def split_tpot(
 
     `tpot.attach_facts` over arrays: the same requests, windows and breakdowns
     (`tpot.windows`' rules, each engine's windows split at once by `breakdowns`),
-    without a Python object or a pass over steps per request. A split of every request,
-    as when an engine's solo cost moves, took 2.0 s at 200,000 requests with one object
-    a request; it took 11 s of a 23 s Live refresh with a step walk each."""
+    without a Python object or a pass over steps per request. A split of every request
+    (as when the solo cost was one per run and moved) took 2.0 s at 200,000 requests
+    with one object a request; it took 11 s of a 23 s Live refresh with a step walk each."""
     out: dict[str, dict[str, float] | None] = {}
     tids: list[str] = []
     origin: list[int] = []
@@ -242,7 +267,7 @@ def split_tpot(
         arr = arrays[eid]
         assert arr is not None
         at = np.array(rows)
-        split = breakdowns(arr, t0[at], t1[at], per[at], n[at] - 1, got.solo[eid])
+        split = breakdowns(arr, t0[at], t1[at], per[at], n[at] - 1)
         for i, bd in zip(rows, split, strict=True):
             out[tids[i]] = bd
     return out
@@ -257,7 +282,6 @@ def breakdowns(
     t1: Sequence[int],
     tpot_ms: Sequence[float],
     tokens: Sequence[int],
-    solo_us: float | None,
     block: int = BLOCK,
 ) -> list[dict[str, float]]:
     """`tpot.breakdown` of many windows on one engine, to the last bit.
@@ -283,7 +307,7 @@ def breakdowns(
         step = max(block // w, 1)
         for k in range(0, len(rows), step):
             sel = rows[k : k + step]
-            sums[:, sel] = _block_sums(arr, lo[sel], hi[sel], i[sel], n[sel], w, solo_us)
+            sums[:, sel] = _block_sums(arr, lo[sel], hi[sel], i[sel], n[sel], w)
     return shares(0.0 + sums[0], 0.0 + sums[1], 0.0 + sums[2], tpot_ms, tokens)
 
 
@@ -321,7 +345,6 @@ def _block_sums(
     i: np.ndarray,
     n: np.ndarray,
     w: int,
-    solo_us: float | None,
 ) -> np.ndarray:
     """(forward, batch sharing, connector) ns summed per window of one padded block:
     row r holds steps i[r] .. i[r] + n[r] - 1, padded to w."""
@@ -341,7 +364,8 @@ def _block_sums(
     f = np.where(ok, (b - a) / np.where(ok, dur, 1), 0.0)
     c_ns = np.minimum(arr.conn_us[idx] * 1000.0, dur.astype(float))
     fw_ns = dur - c_ns
-    solo = fw_ns if solo_us is None else np.minimum(fw_ns, solo_us * 1000.0)
+    solo_ns = arr.solo_us[idx] * 1000.0
+    solo = np.where(np.isnan(solo_ns), fw_ns, np.minimum(fw_ns, solo_ns))
     out = np.empty((3, len(lo)))
     for k, part in enumerate((solo, fw_ns - solo, c_ns)):
         out[k] = np.add.accumulate(np.where(ok, f * part, 0.0), axis=1)[:, -1]
@@ -351,8 +375,7 @@ def _block_sums(
 def changed_windows(old: TpotSteps | None, new: TpotSteps) -> list[tuple[str, int, int]] | None:
     """Where TPOT breakdowns may differ between two versions of the run's steps: (engine
     id, start, end) on the reference clock, or None for "anywhere" (no old steps, other
-    engines, or an engine's solo forward cost moved: it scales every breakdown on that
-    engine).
+    engines). A step whose epoch's solo forward cost moved differs too.
 
     A request's breakdown reads the steps of its engine that end after its window starts
     and start before it ends, so only requests whose window meets one of these on their
@@ -360,15 +383,15 @@ def changed_windows(old: TpotSteps | None, new: TpotSteps) -> list[tuple[str, in
     clock's offset did) differs over its whole run: its requests, not the others."""
     if old is None or old.decode != new.decode or old.arrays.keys() != new.arrays.keys():
         return None
-    same = new.same if new.base == old.token else {}  # the first steps known unchanged
+    extends = new.base == old.token  # then each engine's first `arr.same` steps are old's
     out: list[Window] = []
     for eid, arr in new.arrays.items():
         was = old.arrays[eid]
-        if (arr is None) != (was is None) or old.solo.get(eid) != new.solo.get(eid):
+        if (arr is None) != (was is None):
             return None
         if arr is None or was is None:
             continue
-        got = _differing(was, arr, same.get(eid, 0))
+        got = _differing(was, arr, arr.same if extends else 0)
         if got is not None:
             out.append((eid, *got))
     return out
@@ -387,6 +410,7 @@ def _differing(a: StepArrays, b: StepArrays, known: int = 0) -> Window | None:
             & (a.end[x] == b.end[y])
             & (a.worker[x] == b.worker[y])
             & (a.conn_us[x] == b.conn_us[y])
+            & ((a.solo_us[x] == b.solo_us[y]) | (np.isnan(a.solo_us[x]) & np.isnan(b.solo_us[y])))
         )
 
     head = same(slice(known, n), slice(known, n))

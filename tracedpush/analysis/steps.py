@@ -536,7 +536,8 @@ class EngineSteps:
         self._lists: dict[str, list[EngineStep]] = {}
         # per engine, the latest end among steps[0..i] (nondecreasing: bisectable)
         self._max_end: dict[str, np.ndarray] = {}
-        self._solo: dict[str, float | None] = {}  # per engine (its summary and TPOT's)
+        self._solo: dict[str, float | None] = {}  # per engine (its summary's)
+        self._solo_steps: dict[str, np.ndarray] = {}  # per engine, per step (TPOT's)
         # these columns, by identity (`TpotSteps` made of them knows it), and, when
         # `extended` made them, the token of the steps it extended and, per engine, how
         # many of its first steps are theirs, unchanged
@@ -544,11 +545,11 @@ class EngineSteps:
         self.grown_from: tuple[int, dict[str, int]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_lists": {}, "_max_end": {}, "_solo": {},
+        return {**self.__dict__, "_lists": {}, "_max_end": {}, "_solo": {}, "_solo_steps": {},
                 "samples": _pack_samples(self.samples)}  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update({"recent": {}, **state})  # kept by older code: none
+        self.__dict__.update({"recent": {}, "_solo_steps": {}, **state})  # older code's: none
         self.samples = _unpack_samples(state["samples"])
 
     def __bool__(self) -> bool:
@@ -577,6 +578,7 @@ class EngineSteps:
         self._lists = {}
         self._max_end = {}
         self._solo = {}
+        self._solo_steps = {}
         self.token, self.grown_from = secrets.randbits(63), None
 
     def extended(
@@ -653,9 +655,16 @@ class EngineSteps:
 
     def overlapping(self, engine_id: str, t0_ns: int, t1_ns: int) -> list[EngineStep]:
         """Worker-recorded steps of one engine that overlap [t0, t1] (time order)."""
+        return self.overlapping_solo(engine_id, t0_ns, t1_ns)[0]
+
+    def overlapping_solo(
+        self, engine_id: str, t0_ns: int, t1_ns: int, solo_us: np.ndarray | None = None
+    ) -> tuple[list[EngineStep], list[float]]:
+        """`overlapping`, and the solo forward cost of each of those steps (µs, NaN: none;
+        `step_solo_us`, or `solo_us`: a cost per step of the engine given instead)."""
         c = self.columns.get(engine_id)
         if c is None or not c.shape[1]:
-            return []
+            return [], []
         ends = self._max_end.get(engine_id)
         if ends is None:
             ends = self._max_end[engine_id] = np.maximum.accumulate(np.maximum(c[cols.END], 0))
@@ -664,16 +673,29 @@ class EngineSteps:
         i = int(np.searchsorted(ends, t0_ns, side="right"))
         j = int(np.searchsorted(c[cols.START], t1_ns, side="right"))
         if j <= i:
-            return []
+            return [], []
         seg = c[:, i:j]
         at = np.nonzero(cols.has_worker(seg) & (seg[cols.END] > t0_ns))[0] + i
         made = self._lists.get(engine_id)
-        return [made[k] for k in at.tolist()] if made is not None else self._make(engine_id, c, at)
+        steps = [made[k] for k in at.tolist()] if made is not None else self._make(engine_id, c, at)
+        solo = self.step_solo_us(engine_id) if solo_us is None else solo_us
+        return steps, solo[at].tolist()
+
+    def step_solo_us(self, engine_id: str) -> np.ndarray:
+        """Per step of one engine (`columns` order), the solo forward cost TPOT caps its
+        forward at: its epoch's (`steps_columns.step_solo_us`)."""
+        got = self._solo_steps.get(engine_id)
+        if got is None:
+            c = self.columns.get(engine_id)
+            got = np.full(0, np.nan) if c is None else cols.step_solo_us(c)
+            self._solo_steps[engine_id] = got
+        return got
 
     def solo_forward_us(self, engine_id: str) -> float | None:
         """The forward cost of a step with one decode request and nothing else: the median
         forward of such steps, else the smallest forward of steps that computed anything
-        (scheduler record: at least one request; no scheduler record: forward > 0)."""
+        (scheduler record: at least one request; no scheduler record: forward > 0). Over
+        the whole run, for the summary; TPOT takes each epoch's (`step_solo_us`)."""
         if engine_id not in self._solo:
             c = self.columns.get(engine_id)
             self._solo[engine_id] = None if c is None else cols.solo_forward_us(c)

@@ -58,6 +58,7 @@ RANK_SLACK_NS = 10**9  # other TP ranks record the same step within this
 # slacks before the latest start (80 s: new records may come that much later than the
 # latest, less the 20 s they look back, before every record is joined again)
 RECENT_SLACKS = 8
+SOLO_EPOCH_NS = 60 * 10**9  # TPOT's solo forward cost is a median per minute (`step_solo_us`)
 
 
 def empty() -> Columns:
@@ -470,6 +471,48 @@ def solo_forward_us(c: Columns) -> float | None:
         return float(median(solo[ok]))
     ok = ~np.isnan(busy)
     return float(busy[ok].min()) if ok.any() else None
+
+
+def step_solo_us(c: Columns, carry: float | None = None) -> np.ndarray:
+    """Per step of columns sorted by start, the solo forward cost (µs, NaN: none) TPOT
+    caps its forward at: the median forward of the one-decode-request steps that start
+    in the same `SOLO_EPOCH_NS` (on the clock of the starts); an epoch without such a step
+    takes the last earlier epoch's, else the first later one's; an engine with none at
+    all, its smallest forward of a step that computed anything (`solo_forward_us`'s
+    fallback).
+
+    Per epoch, not per run: a Live refresh moves only the solo cost of the epochs its
+    new steps fall in, so only requests decoding there are split again (one cost for
+    the run moved with almost every refresh and split every request again), and a cost
+    that drifts over a long run (other load on the host, a warmer cache) is followed.
+    `carry`: the solo cost before these steps (they continue an engine's steps, a
+    refresh's tail): epochs without such a step before any with one take it."""
+    n = c.shape[1]
+    solo, busy = solo_candidates(c)
+    if not n:
+        return np.full(0, np.nan)
+    epoch = c[START] // SOLO_EPOCH_NS
+    cut = np.flatnonzero(epoch[1:] != epoch[:-1]) + 1
+    lo, hi = np.concatenate([[0], cut]), np.concatenate([cut, [n]])
+    per = np.full(len(lo), np.nan)
+    for k, (a, b) in enumerate(zip(lo.tolist(), hi.tolist(), strict=True)):
+        v = solo[a:b]
+        v = v[~np.isnan(v)]
+        if len(v):
+            per[k] = median(v)
+    have = ~np.isnan(per)
+    if have.any():
+        last = np.maximum.accumulate(np.where(have, np.arange(len(per)), -1))
+        per = np.where(last >= 0, per[np.maximum(last, 0)], per[int(np.argmax(have))])
+        if carry is not None:  # before the first epoch with one: the earlier steps' cost
+            per[last < 0] = carry
+    elif carry is not None:
+        per[:] = carry
+    else:
+        ok = ~np.isnan(busy)
+        if ok.any():
+            per[:] = float(busy[ok].min())
+    return np.repeat(per, hi - lo)
 
 
 def solo_candidates(c: Columns) -> tuple[np.ndarray, np.ndarray]:

@@ -6,7 +6,8 @@ instance) that overlap the window are clipped to it, and the window is split int
 
 * ``model forward``: the solo cost of each step's forward (what the step would have cost
   with this request alone: the median forward of D's steps with 1 decode request and 0
-  prefill tokens, else D's smallest forward), capped at the step's own forward;
+  prefill tokens that started in the same minute, `steps_columns.step_solo_us`), capped
+  at the step's own forward;
 * ``batch sharing``: forward beyond that solo cost (other requests in the batch);
 * ``connector``: connector calls on D's model-runner thread inside the step
   (``tracedpush.step.connector_us``: metadata bind, start_load_kv, wait_for_save,
@@ -26,9 +27,12 @@ a breakdown.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from tracedpush import semconv as sc
 from tracedpush.analysis.model import Span, round_ms
@@ -52,17 +56,16 @@ def breakdown(
     tpot_ms: float,
     tokens: int,
     *,
-    solo_us: float | None = None,
+    solo_us: np.ndarray | None = None,
 ) -> dict[str, float]:
     """Split one request's TPOT over D's steps in its decode window [t0, t1] (reference
-    clock ns); ``tokens`` = output tokens - 1. Values sum to ``tpot_ms``."""
-    if solo_us is None:
-        solo_us = store.solo_forward_us(engine_id)
-    solo_ns = None if solo_us is None else solo_us * 1000.0
+    clock ns); ``tokens`` = output tokens - 1. Values sum to ``tpot_ms``. `solo_us`: a
+    solo cost per step of the engine instead of its epochs' (`EngineSteps.step_solo_us`)."""
     fwd = extra = conn = 0.0
     cursor = t0_ns
     if t1_ns > t0_ns:
-        for s in store.overlapping(engine_id, t0_ns, t1_ns):
+        steps, solos = store.overlapping_solo(engine_id, t0_ns, t1_ns, solo_us)
+        for s, step_solo_us in zip(steps, solos, strict=True):
             a = max(s.start_ns, cursor)
             b = min(s.end_ns, t1_ns)
             if b <= a:
@@ -72,7 +75,7 @@ def breakdown(
             f = (b - a) / dur
             c_ns = min((s.connector_us or 0) * 1000.0, float(dur))
             fw_ns = dur - c_ns
-            solo = fw_ns if solo_ns is None else min(fw_ns, solo_ns)
+            solo = fw_ns if math.isnan(step_solo_us) else min(fw_ns, step_solo_us * 1000.0)
             fwd += f * solo
             extra += f * (fw_ns - solo)
             conn += f * c_ns
@@ -134,18 +137,14 @@ def attach_facts(
     these so a warm report attaches TPOT breakdowns without spans."""
     if not store.steps:
         return
-    solo: dict[str, float | None] = {}
     working: dict[str, bool] = {}
     decode_engines = [e for e, info in store.engines.items() if info.role == "decode"]
     for r, eid, t0, t1 in windows(requests, facts, store.steps, decode_engines):
-        if eid not in solo:  # once per engine (a list of every step per request was
-            solo[eid] = store.solo_forward_us(eid)  # quadratic in the run)
+        if eid not in working:
             working[eid] = store.has_worker_steps(eid)
         if not working[eid]:
             continue
-        r.tpot_breakdown_ms = breakdown(
-            store, eid, t0, t1, r.tpot_ms, r.output_tokens - 1, solo_us=solo[eid]
-        )
+        r.tpot_breakdown_ms = breakdown(store, eid, t0, t1, r.tpot_ms, r.output_tokens - 1)
 
 
 def windows(
