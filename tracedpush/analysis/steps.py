@@ -655,16 +655,24 @@ class EngineSteps:
 
     def overlapping(self, engine_id: str, t0_ns: int, t1_ns: int) -> list[EngineStep]:
         """Worker-recorded steps of one engine that overlap [t0, t1] (time order)."""
-        return self.overlapping_solo(engine_id, t0_ns, t1_ns)[0]
+        return self._steps_at(engine_id, self._overlapping_at(engine_id, t0_ns, t1_ns))
 
     def overlapping_solo(
         self, engine_id: str, t0_ns: int, t1_ns: int, solo_us: np.ndarray | None = None
     ) -> tuple[list[EngineStep], list[float]]:
         """`overlapping`, and the solo forward cost of each of those steps (µs, NaN: none;
         `step_solo_us`, or `solo_us`: a cost per step of the engine given instead)."""
+        at = self._overlapping_at(engine_id, t0_ns, t1_ns)
+        if not len(at):
+            return [], []
+        solo = self.step_solo_us(engine_id) if solo_us is None else solo_us
+        return self._steps_at(engine_id, at), solo[at].tolist()
+
+    def _overlapping_at(self, engine_id: str, t0_ns: int, t1_ns: int) -> np.ndarray:
+        """The positions of `overlapping`'s steps in the engine's columns."""
         c = self.columns.get(engine_id)
         if c is None or not c.shape[1]:
-            return [], []
+            return np.zeros(0, np.int64)
         ends = self._max_end.get(engine_id)
         if ends is None:
             ends = self._max_end[engine_id] = np.maximum.accumulate(np.maximum(c[cols.END], 0))
@@ -673,13 +681,17 @@ class EngineSteps:
         i = int(np.searchsorted(ends, t0_ns, side="right"))
         j = int(np.searchsorted(c[cols.START], t1_ns, side="right"))
         if j <= i:
-            return [], []
+            return np.zeros(0, np.int64)
         seg = c[:, i:j]
-        at = np.nonzero(cols.has_worker(seg) & (seg[cols.END] > t0_ns))[0] + i
+        return np.nonzero(cols.has_worker(seg) & (seg[cols.END] > t0_ns))[0] + i
+
+    def _steps_at(self, engine_id: str, at: np.ndarray) -> list[EngineStep]:
+        if not len(at):
+            return []
         made = self._lists.get(engine_id)
-        steps = [made[k] for k in at.tolist()] if made is not None else self._make(engine_id, c, at)
-        solo = self.step_solo_us(engine_id) if solo_us is None else solo_us
-        return steps, solo[at].tolist()
+        if made is not None:
+            return [made[k] for k in at.tolist()]
+        return self._make(engine_id, self.columns[engine_id], at)
 
     def step_solo_us(self, engine_id: str) -> np.ndarray:
         """Per step of one engine (`columns` order), the solo forward cost TPOT caps its
