@@ -54,7 +54,7 @@ from tracedpush.analysis.model import (
     Span,
     SpanView,
 )
-from tracedpush.analysis.perfetto import to_perfetto
+from tracedpush.analysis.perfetto import to_perfetto, write_perfetto
 from tracedpush.analysis.report_json import JSON_VERSION, request_json, run_json
 from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
 from tracedpush.analysis.steps import EngineStep, EngineSteps, ThreadSample
@@ -92,4 +92,5 @@ __all__ = [
     "run_json",
     "to_perfetto",
     "top_mechanisms",
+    "write_perfetto",
 ]

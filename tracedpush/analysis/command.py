@@ -20,7 +20,7 @@ from tracedpush.analysis.compare import compare
 from tracedpush.analysis.index import INDEX_DIRNAME, AnalysisIndex, default_dir, parallel_pays
 from tracedpush.analysis.jaeger import parse_duration
 from tracedpush.analysis.load import FileSource, TraceStore
-from tracedpush.analysis.perfetto import to_perfetto
+from tracedpush.analysis.perfetto import write_perfetto
 from tracedpush.analysis.report import render
 from tracedpush.analysis.report_json import write_json
 from tracedpush.analysis.results import LazyRequests, RunAnalysis
@@ -344,7 +344,7 @@ def _render(
         progress = _progress if args.out and sys.stderr.isatty() else None
         text = functools.partial(write_json, result, spans=args.spans, progress=progress)
     else:
-        text = json.dumps(to_perfetto(result), separators=(",", ":"))
+        text = functools.partial(write_perfetto, result)
     return _write(args, text, f"{len(result.requests)} requests")
 
 

@@ -10,11 +10,12 @@ kv.notify). A "critical path" process draws each request's phases on its own tra
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any, TextIO
 
 from tracedpush import semconv as sc
-from tracedpush.analysis.results import RunAnalysis
+from tracedpush.analysis.results import LazyRequests, RequestAnalysis, RunAnalysis
 
 # (from span, to span, modes): an arrow from the end of one to the start of the other
 FLOWS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -36,56 +37,104 @@ def to_perfetto(run: RunAnalysis, trace_ids: Iterable[str] | None = None) -> dic
 
     Timestamps are microseconds from the first chosen request's receipt (``otherData.
     origin_unix_us`` holds it): absolute epoch microseconds do not fit a double with
-    sub-microsecond precision, and adjacent slices must share exact boundaries.
-    """
-    wanted = None if trace_ids is None else set(trace_ids)
-    reqs = sorted(
-        (
-            r
-            for r in run.requests
-            if wanted is None or r.trace_id in wanted or r.request_id in wanted
-        ),
-        key=lambda r: r.start_unix_ms,
-    )
-    origin_ms = reqs[0].start_unix_ms if reqs else 0.0
-    events: list[dict[str, Any]] = []
-    pids: dict[str, int] = {}
-    tracks: dict[tuple[int, str], list[list[float]]] = {}  # (pid, lane) -> [[tid, busy until]]
-    tid_names: dict[tuple[int, int], str] = {}
-    next_tid = [1]
-    flow_id = 0
+    sub-microsecond precision, and adjacent slices must share exact boundaries. The
+    metadata events (process and thread names) come last: they are known only once
+    every request's events are, and the format takes them anywhere."""
+    doc = _Document(run)
+    events = [e for r in _chosen(run, trace_ids) for e in doc.request(r)]
+    return {"traceEvents": events + doc.meta(), **doc.tail()}
 
-    def pid_for(service: str, instance: str) -> int:
+
+def write_perfetto(run: RunAnalysis, out: TextIO, trace_ids: Iterable[str] | None = None) -> None:
+    """``json.dumps(to_perfetto(run, trace_ids), separators=(",", ":"))``, written as each
+    request's events are made: a whole big run's events are never held at once (nor,
+    through the analysis index, its requests with their spans: `LazyRequests.stream`)."""
+    doc = _Document(run)
+    dumps = json.JSONEncoder(separators=(",", ":")).encode
+    out.write('{"traceEvents":[')
+    first = True
+    for r in _chosen(run, trace_ids):
+        events = doc.request(r)
+        if events:
+            out.write(("" if first else ",") + ",".join(map(dumps, events)))
+            first = False
+    meta = doc.meta()
+    out.write(("" if first else ",") + ",".join(map(dumps, meta)) + "]")
+    for key, value in doc.tail().items():
+        out.write(f",{dumps(key)}:{dumps(value)}")
+    out.write("}")
+
+
+def _chosen(run: RunAnalysis, trace_ids: Iterable[str] | None) -> Iterator[RequestAnalysis]:
+    """The requests `trace_ids` names (trace or request ids; all if None) by receipt. A
+    run's requests are in that order already (`analyze`): those the index makes lazily
+    are streamed, kept by no one, not sorted."""
+    wanted = None if trace_ids is None else set(trace_ids)
+    reqs = run.requests
+    every: Iterable[RequestAnalysis] = (
+        reqs.stream() if isinstance(reqs, LazyRequests) else sorted(reqs, key=_start)
+    )
+    for r in every:
+        if wanted is None or r.trace_id in wanted or r.request_id in wanted:
+            yield r
+
+
+def _start(r: RequestAnalysis) -> float:
+    return r.start_unix_ms
+
+
+class _Document:
+    """What the events of one trace-event document share: a process per instance, a
+    thread per lane (and per overlap), flow ids, and the origin of the timestamps (the
+    first request's receipt)."""
+
+    def __init__(self, run: RunAnalysis) -> None:
+        self.run = run
+        self.origin_ms: float | None = None
+        self.pids: dict[str, int] = {}
+        # (pid, lane) -> [[tid, busy until]]
+        self.tracks: dict[tuple[int, str], list[list[float]]] = {}
+        self.tid_names: dict[tuple[int, int], str] = {}
+        self.next_tid = 1
+        self.flow_id = 0
+
+    def pid_for(self, service: str, instance: str) -> int:
         key = f"{service} {instance}"
-        pid = pids.get(key)
+        pid = self.pids.get(key)
         if pid is None:
-            pid = pids[key] = len(pids) + 2  # 1 is the critical-path process
+            pid = self.pids[key] = len(self.pids) + 2  # 1 is the critical-path process
         return pid
 
-    def tid_for(pid: int, lane: str, label: str, start: float, end: float) -> int:
+    def tid_for(self, pid: int, lane: str, label: str, start: float, end: float) -> int:
         """First sub-track of `lane` free at `start` (overlaps get their own tid)."""
-        lane_tracks = tracks.setdefault((pid, lane), [])
+        lane_tracks = self.tracks.setdefault((pid, lane), [])
         for tr in lane_tracks:
             if tr[1] <= start:
                 tr[1] = end
                 return int(tr[0])
-        tid = next_tid[0]
-        next_tid[0] += 1
+        tid = self.next_tid
+        self.next_tid += 1
         lane_tracks.append([tid, end])
         suffix = f" #{len(lane_tracks)}" if len(lane_tracks) > 1 else ""
-        tid_names[(pid, tid)] = label + suffix
+        self.tid_names[(pid, tid)] = label + suffix
         return tid
 
+    @staticmethod
     def times(base_us: float, start_ms: float, dur_ms: float) -> tuple[float, float]:
         ts = round(base_us + start_ms * 1000.0, 3)
         end = round(base_us + (start_ms + dur_ms) * 1000.0, 3)
         return ts, max(end - ts, 0.001)
 
-    for r in reqs:
-        base_us = (r.start_unix_ms - origin_ms) * 1000.0
+    def request(self, r: RequestAnalysis) -> list[dict[str, Any]]:
+        """The events of one request (the requests in receipt order)."""
+        if self.origin_ms is None:
+            self.origin_ms = r.start_unix_ms
+        events: list[dict[str, Any]] = []
+        times, tid_for = self.times, self.tid_for
+        base_us = (r.start_unix_ms - self.origin_ms) * 1000.0
         placed: dict[str, tuple[int, int, float, float]] = {}  # span name -> pid, tid, ts, end
         for v in sorted(r.spans, key=lambda v: (v.start_ms, -v.duration_ms)):
-            pid = pid_for(v.service, v.instance)
+            pid = self.pid_for(v.service, v.instance)
             ts, dur = times(base_us, v.start_ms, v.duration_ms)
             tid = tid_for(pid, v.lane, v.lane.split("/", 2)[-1], ts, ts + dur)
             args = {
@@ -109,7 +158,8 @@ def to_perfetto(run: RunAnalysis, trace_ids: Iterable[str] | None = None) -> dic
                 continue
             spid, stid, sts, send = placed[src]
             dpid, dtid, dts, _ = placed[dst]
-            flow_id += 1
+            self.flow_id += 1
+            flow_id = self.flow_id
             at = sts if src in _FROM_START else max(round(send - 0.001, 3), sts)
             name = f"{src}->{dst}"
             events.append(
@@ -133,31 +183,40 @@ def to_perfetto(run: RunAnalysis, trace_ids: Iterable[str] | None = None) -> dic
                      "args": {"service": seg.service, "span": seg.span, "mode": r.mode,
                               "trace_id": r.trace_id, "request_id": r.request_id}}
                 )  # fmt: skip
-    meta: list[dict[str, Any]] = [
-        {"ph": "M", "name": "process_name", "pid": _PATH_PID, "tid": 0,
-         "args": {"name": "critical path"}},
-        {"ph": "M", "name": "process_sort_index", "pid": _PATH_PID, "tid": 0,
-         "args": {"sort_index": 0}},
-    ]  # fmt: skip
-    for key, pid in pids.items():
-        meta.append(
-            {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": key}}
-        )
-        meta.append(
-            {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-             "args": {"sort_index": pid}}
-        )  # fmt: skip
-    for (pid, tid), name in tid_names.items():
-        meta.append(
-            {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
-        )
-    return {
-        "traceEvents": meta + events,
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "generator": "tracedpush report",
-            "origin_unix_us": round(origin_ms * 1000.0, 3),
-            "clock_offsets_ms": {k: v.to_json() for k, v in run.clock_offsets.items()},
-            "skew_corrected": run.skew_corrected,
-        },
-    }
+        return events
+
+    def meta(self) -> list[dict[str, Any]]:
+        """The processes' and threads' names and order (once every request's events are
+        made)."""
+        meta: list[dict[str, Any]] = [
+            {"ph": "M", "name": "process_name", "pid": _PATH_PID, "tid": 0,
+             "args": {"name": "critical path"}},
+            {"ph": "M", "name": "process_sort_index", "pid": _PATH_PID, "tid": 0,
+             "args": {"sort_index": 0}},
+        ]  # fmt: skip
+        for key, pid in self.pids.items():
+            meta.append(
+                {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": key}}
+            )
+            meta.append(
+                {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                 "args": {"sort_index": pid}}
+            )  # fmt: skip
+        for (pid, tid), name in self.tid_names.items():
+            meta.append(
+                {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
+            )
+        return meta
+
+    def tail(self) -> dict[str, Any]:
+        """The document's keys after the events."""
+        run = self.run
+        return {
+            "displayTimeUnit": "ms",
+            "otherData": {
+                "generator": "tracedpush report",
+                "origin_unix_us": round((self.origin_ms or 0.0) * 1000.0, 3),
+                "clock_offsets_ms": {k: v.to_json() for k, v in run.clock_offsets.items()},
+                "skew_corrected": run.skew_corrected,
+            },
+        }
