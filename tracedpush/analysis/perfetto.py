@@ -3,9 +3,10 @@
 One process track (pid) per instance, one thread track (tid) per lane, and extra tids
 when spans on a lane overlap without nesting (Perfetto requires slices on one tid to
 nest). Times are the skew-corrected ones, in microseconds from the first request's
-receipt (`to_perfetto`), so requests line up. Flow arrows follow the handoff: proxy -> P, P -> D (kv.write ->
-kv.notify, kv.register -> kv.rendezvous, prefill -> kv.relay -> decode, kv.read ->
-kv.notify). A "critical path" process draws each request's phases on its own track.
+receipt (`to_perfetto`), so requests line up. Flow arrows follow the handoff: proxy ->
+P, P -> D (kv.write -> kv.notify, kv.register -> kv.rendezvous, prefill -> kv.relay ->
+decode, kv.read -> kv.notify). A "critical path" process draws each request's phases on
+its own track.
 """
 
 from __future__ import annotations
