@@ -194,8 +194,8 @@ def test_breakdown_over_arrays_equals_the_step_walk(
         assert len({t1 - t0 for t0, t1, *_ in windows}) > 5
         # the steps' solo costs; ones that cut more steps; an engine without any (NaN)
         for s_us in (solo, solo / 2, np.full(len(solo), np.nan)):
-            arr.solo_us = s_us
-            want = [breakdown(store, eid, *w, solo_us=s_us) for w in windows]
+            arr.solo_us = store._solo_steps[eid] = s_us
+            want = [breakdown(store, eid, *w) for w in windows]
             for block in (index_steps.BLOCK, 4096, 64, 1):
                 got = index_steps.breakdowns(arr, t0s, t1s, tps, tokens, block)
                 assert got == want, block

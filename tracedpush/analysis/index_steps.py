@@ -111,7 +111,7 @@ class StepArrays:
         self.start = c[cols.START]  # views: the steps' columns are never changed
         self.end = c[cols.END]
         self.same, self.solo_us, self.first_solo = _epoch_solo(c, was, same)
-        k = self.same if was is not None else 0
+        k = self.same  # 0 without `was`
         tail = c[:, k:]
         conn = tail[cols.CONNECTOR]
         conn_us = np.where(conn == cols.NONE, 0, conn).astype(float)

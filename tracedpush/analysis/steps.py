@@ -658,15 +658,14 @@ class EngineSteps:
         return self._steps_at(engine_id, self._overlapping_at(engine_id, t0_ns, t1_ns))
 
     def overlapping_solo(
-        self, engine_id: str, t0_ns: int, t1_ns: int, solo_us: np.ndarray | None = None
+        self, engine_id: str, t0_ns: int, t1_ns: int
     ) -> tuple[list[EngineStep], list[float]]:
         """`overlapping`, and the solo forward cost of each of those steps (µs, NaN: none;
-        `step_solo_us`, or `solo_us`: a cost per step of the engine given instead)."""
+        `step_solo_us`)."""
         at = self._overlapping_at(engine_id, t0_ns, t1_ns)
         if not len(at):
             return [], []
-        solo = self.step_solo_us(engine_id) if solo_us is None else solo_us
-        return self._steps_at(engine_id, at), solo[at].tolist()
+        return self._steps_at(engine_id, at), self.step_solo_us(engine_id)[at].tolist()
 
     def _overlapping_at(self, engine_id: str, t0_ns: int, t1_ns: int) -> np.ndarray:
         """The positions of `overlapping`'s steps in the engine's columns."""

@@ -32,8 +32,6 @@ from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from tracedpush import semconv as sc
 from tracedpush.analysis.model import Span, round_ms
 from tracedpush.analysis.results import RequestAnalysis
@@ -55,16 +53,14 @@ def breakdown(
     t1_ns: int,
     tpot_ms: float,
     tokens: int,
-    *,
-    solo_us: np.ndarray | None = None,
 ) -> dict[str, float]:
     """Split one request's TPOT over D's steps in its decode window [t0, t1] (reference
-    clock ns); ``tokens`` = output tokens - 1. Values sum to ``tpot_ms``. `solo_us`: a
-    solo cost per step of the engine instead of its epochs' (`EngineSteps.step_solo_us`)."""
+    clock ns); ``tokens`` = output tokens - 1. Values sum to ``tpot_ms``. Each step's
+    forward is capped at its solo cost (`EngineSteps.step_solo_us`)."""
     fwd = extra = conn = 0.0
     cursor = t0_ns
     if t1_ns > t0_ns:
-        steps, solos = store.overlapping_solo(engine_id, t0_ns, t1_ns, solo_us)
+        steps, solos = store.overlapping_solo(engine_id, t0_ns, t1_ns)
         for s, step_solo_us in zip(steps, solos, strict=True):
             a = max(s.start_ns, cursor)
             b = min(s.end_ns, t1_ns)
