@@ -27,6 +27,7 @@ from tracedpush import analysis
 from tracedpush import semconv as sc
 from tracedpush.analysis import index as index_mod
 from tracedpush.analysis import index_child
+from tracedpush.analysis.results import LazyRequests
 from tracedpush.console import selection
 from tracedpush.console.selection import mode_order
 
@@ -44,6 +45,7 @@ _MISSING = object()  # `Snapshot.memo`: nothing kept yet
 # refreshes, newest first; `AnalysisIndex.update`)
 REANALYSE_PER_REFRESH = index_mod.LIVE_REANALYSE
 MAX_STEPS = 4000  # engine steps drawn per engine and request (a long decode has many)
+PERFETTO_BATCH = 1_000  # requests made with their spans at a time for a Perfetto download
 STEP_COLUMNS = [
     "role", "engine_id", "seq", "start_ms", "duration_ms", "prefill_tokens", "decode_reqs",
     "num_reqs", "connector_ms", "forward_ms", "loads_started", "loads_finished", "kind",
@@ -112,13 +114,20 @@ class Snapshot:
         return got
 
     def perfetto_run(self, trace_ids: list[str] | None) -> Any:
-        """The run with span views on the requests `trace_ids` names (all: None), for
-        `analysis.to_perfetto`."""
-        if self.expand is None:
-            return self.run
-        keep = None if trace_ids is None else set(trace_ids)
-        chosen = [r for r in self.run.requests if keep is None or r.trace_id in keep]
-        return self.run.of(self.with_spans(chosen))
+        """The requests `trace_ids` names (all: None) as a run, with their span views,
+        for `analysis.write_perfetto`. From the analysis index their span views are made
+        `PERFETTO_BATCH` at a time as the export reads them, and kept by no one
+        (`LazyRequests.stream`): thousands of requests with their spans are gigabytes."""
+        run = self.run
+        at = list(range(len(run))) if trace_ids is None else run.positions(trace_ids)
+        if self.expand is None:  # the requests have their span views already
+            return run.subset(at)
+        expand = self.expand
+
+        def spanned(positions: list[int]) -> list[Any]:
+            return expand(run.at([at[i] for i in positions]))
+
+        return run.of(LazyRequests(len(at), spanned, step=PERFETTO_BATCH))
 
     def with_spans(self, requests: list[Any]) -> list[Any]:
         """`full` for many requests at once (one read of the index)."""
@@ -292,7 +301,7 @@ class Snapshot:
         complete = [i for i in pool if cols.complete[i]] or pool
         if not complete:
             return None
-        return self.run._at([sorted(complete, key=lambda i: ttft[i])[len(complete) // 2]])[0]
+        return self.run.at([sorted(complete, key=lambda i: ttft[i])[len(complete) // 2]])[0]
 
     def counterpart(self, req: Any, mode: str | None) -> Any | None:
         """`selection.counterpart` of `req` among the run's requests, over its columns."""
@@ -313,7 +322,7 @@ class Snapshot:
             other = _Like(cols.prompt[i], cols.load[i])
             return (not cols.complete[i], selection.distance(req, other), start[i])
 
-        return self.run._at([min(pool, key=key)])[0]
+        return self.run.at([min(pool, key=key)])[0]
 
     @property
     def newest_unix_ms(self) -> float | None:

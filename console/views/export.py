@@ -33,28 +33,56 @@ st.caption(
 )
 choice = st.radio(
     "Requests",
-    ["selected request", "slowest 50", "all"],
+    ["selected request", "slowest 50", "a time window", "all"],
     horizontal=True,
     key="perfetto_scope",
 )
 selected = ui.selected_request(snap)
+ids: list[str] | None
 if choice == "selected request":
     ids = [selected.trace_id] if selected is not None else []
     if not ids:
         st.info("No request selected: pick one on the Request timeline page.")
 elif choice == "slowest 50":
     ids = [r.trace_id for r in run.slowest(50)]
+elif choice == "a time window":
+    width, starts = export.window_buckets(snap.table)
+    if starts:
+        first, last = st.select_slider(
+            f"Arrived (UTC, by {export.WINDOW_WIDTHS_S[width]})",
+            options=starts,
+            value=(starts[-1], starts[-1]),  # the run's last bucket
+            format_func=lambda s: export.bucket_label(s, width),
+            key="perfetto_window",
+        )
+        ids = export.window_ids(snap.table, first, last + width)
+    else:
+        ids = []
+        st.info("No request has an arrival time.")
 else:
     ids = None  # every request
 count = len(run.requests) if ids is None else len(ids)
+too_many = count > export.PERFETTO_MAX
+if too_many:
+    command = export.perfetto_command(snap.source)
+    st.warning(
+        f"{count:,} requests make a file of about {count * 10 / 1e6:,.1f} GB, which the "
+        f"console would hold in memory: it offers at most {export.PERFETTO_MAX:,} in one "
+        "file. Choose a shorter time window"
+        + (
+            f", or write them all with the CLI, which streams them to disk:\n\n```\n{command}\n```"
+            if command
+            else "."
+        )
+    )
 st.download_button(
     f"Download Perfetto JSON ({count:,} requests)",
-    data=lambda: export.perfetto_json(snap.perfetto_run(ids), ids),
-    file_name="tracedpush-perfetto.json",
+    data=lambda: export.perfetto_json(snap.perfetto_run(ids)),
+    file_name=export.PERFETTO_FILE,
     mime="application/json",
     icon=":material/timeline:",
-    disabled=count == 0,
+    disabled=count == 0 or too_many,
     key="perfetto",
 )
-if ids is None and count > 2000:
-    st.caption("All requests make a large file; it is built when you click.")
+if not too_many and count > 2000:
+    st.caption(f"{count:,} requests make a large file; it is built when you click.")

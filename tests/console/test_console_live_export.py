@@ -7,6 +7,7 @@ import json
 import re
 import time
 
+import numpy as np
 import pandas as pd
 
 from tracedpush.analysis import TraceStore, analyze, compare, to_perfetto
@@ -116,6 +117,85 @@ def test_export_page_offers_both_downloads(app, traces, expected):
     at.radio(key="perfetto_scope").set_value("all").run()
     labels = [b.proto.label for b in at.get("download_button")]
     assert labels[1] == f"Download Perfetto JSON ({len(expected.requests):,} requests)"
+
+
+def test_export_perfetto_through_the_index_keeps_no_span_views(traces, expected):
+    """The console's Perfetto file from the analysis index equals the analysis's for the
+    same requests (all of them, a few, none), and the span views it made, a batch at a
+    time as the file is written, are kept by no one (thousands of them are gigabytes)."""
+    snap = data.Feed(data.Source.traces([str(traces[0])])).snapshot()
+    assert snap.expand is not None  # the index: requests come without span views
+    few = [r.trace_id for r in expected.requests[3:40:7]]
+    for ids in (None, few, []):
+        run = snap.perfetto_run(ids)
+        got = json.loads(export.perfetto_json(run))
+        assert got == json.loads(json.dumps(to_perfetto(expected, ids)))
+        assert len(run.requests) == (len(expected.requests) if ids is None else len(ids))
+        assert run.requests.loaded == 0
+    assert not snap._full
+
+
+def test_export_window_and_command(traces, expected):
+    table = pd.DataFrame(expected.table())
+    s = table["start_unix_ms"].to_numpy() / 1000.0
+    width, starts = export.window_buckets(table)
+    assert width == 60 and starts == sorted({int(x // 60) * 60 for x in s})
+    inside = (s >= starts[0]) & (s < starts[0] + 60)
+    assert export.window_ids(table, starts[0], starts[0] + 60) == table["trace_id"][inside].tolist()
+    assert export.window_ids(table, starts[-1] + 60, starts[-1] + 120) == []
+    # runs days apart: only the minutes with requests, then wider buckets past the cap
+    apart = pd.DataFrame(
+        {"start_unix_ms": [0.0, 61e3, 86_400e3 * 400, np.nan], "trace_id": list("abcd")}
+    )
+    assert export.window_buckets(apart) == (60, [0, 60, 86_400 * 400])
+    assert export.window_ids(apart, 60, 86_400 * 400 + 60) == ["b", "c"]
+    many = pd.DataFrame({"start_unix_ms": np.arange(3_000) * 60e3, "trace_id": "x"})
+    assert export.window_buckets(many)[0] == 300
+    assert export.bucket_label(86_400 * 400 + 3_720, 60) == "1971-02-05 01:02"
+    assert export.bucket_label(86_400 * 400, 86_400) == "1971-02-05"
+    two = data.Source.traces(["/x/a b", "/x/c"])
+    assert export.perfetto_command(two) == (
+        "tracedpush report --traces '/x/a b' --traces /x/c --format perfetto "
+        f"--out {export.PERFETTO_FILE}"
+    )
+    jaeger = data.Source("jaeger", "http://j:16686", "proxy", "2h")
+    assert export.perfetto_command(jaeger) == (
+        "tracedpush report --jaeger http://j:16686 --lookback 2h --service proxy "
+        f"--format perfetto --out {export.PERFETTO_FILE}"
+    )
+    assert export.perfetto_command(data.Source("none")) is None
+
+
+def test_export_page_offers_a_time_window_and_caps_one_file(app, traces, expected, monkeypatch):
+    """A time window exports the requests that arrived in it (by default the run's last
+    minute); more than `PERFETTO_MAX` in one file are refused with the CLI command that
+    streams them, never built in the server's memory."""
+    at = app(traces=traces[0], page="views/export.py")
+    at.radio(key="perfetto_scope").set_value("a time window").run()
+    no_exception(at)
+    table = pd.DataFrame(expected.table())
+    width, starts = export.window_buckets(table)
+    slider = at.select_slider(key="perfetto_window")
+    assert slider.value == (starts[-1], starts[-1])  # the last (the run spans 1 or 2, by the clock)
+    for first, last in ((starts[-1], starts[-1]), (starts[0], starts[-1])):
+        at.select_slider(key="perfetto_window").set_value((first, last)).run()
+        n = len(export.window_ids(table, first, last + width))
+        button = at.get("download_button")[1].proto
+        assert button.label == f"Download Perfetto JSON ({n:,} requests)"
+        assert not button.disabled
+    assert n == len(expected.requests)  # the whole run's minutes
+
+    monkeypatch.setattr(export, "PERFETTO_MAX", 10)
+    at.radio(key="perfetto_scope").set_value("all").run()
+    no_exception(at)
+    button = at.get("download_button")[1].proto
+    assert button.disabled
+    assert any(
+        f"tracedpush report --traces {traces[0]}" in w.value and "at most 10 " in w.value
+        for w in at.warning
+    )
+    at.radio(key="perfetto_scope").set_value("slowest 50").run()
+    assert at.get("download_button")[1].proto.disabled  # 50 > 10 too
 
 
 def test_export_without_selection_says_so(app, traces):

@@ -6,7 +6,7 @@ Data only: the JSON format is rendered by `report_json`, the text report by `rep
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
 
@@ -101,17 +101,20 @@ class LazyRequests(Sequence["RequestAnalysis"]):
     report reads the few it prints, and `RunColumns` for the rest). ``load(positions)``
     returns the requests at those positions; each is made once. ``passing(positions)``,
     if given, makes them for `stream` without the loader keeping them either (the
-    index keeps what `load` makes for its later snapshots)."""
+    index keeps what `load` makes for its later snapshots). ``step``: how many `stream`
+    makes at a time (fewer for requests with their spans, which are larger)."""
 
     def __init__(
         self,
         n: int,
         load: Callable[[list[int]], list[RequestAnalysis]],
         passing: Callable[[list[int]], list[RequestAnalysis]] | None = None,
+        step: int = 20_000,
     ) -> None:
         self._items: list[RequestAnalysis | None] = [None] * n
         self._load = load
         self._passing = passing or load
+        self._step = step
 
     def __len__(self) -> int:
         return len(self._items)
@@ -139,10 +142,12 @@ class LazyRequests(Sequence["RequestAnalysis"]):
         for lo in range(0, len(self._items), step):
             yield from self.some(range(lo, min(lo + step, len(self._items))))
 
-    def stream(self, step: int = 20_000) -> Iterator[RequestAnalysis]:
+    def stream(self, step: int | None = None) -> Iterator[RequestAnalysis]:
         """Every request in order, a batch at a time, keeping none it makes: for an
         export of the whole run, which iterating (`__iter__` keeps each) would hold at
-        once (200,000 results: gigabytes)."""
+        once (200,000 results: gigabytes). `step`: as many at a time (default: the
+        constructor's)."""
+        step = step or self._step
         for lo in range(0, len(self._items), step):
             positions = range(lo, min(lo + step, len(self._items)))
             todo = [i for i in positions if self._items[i] is None]
@@ -262,6 +267,14 @@ class RunAnalysis:
             i = index.get(key.lower())
         return None if i is None else self.requests[i]
 
+    def positions(self, keys: Iterable[str]) -> list[int]:
+        """The positions of the requests `keys` names (trace or request ids, as `get`),
+        in run order, each once; keys of no request are skipped. Reads no request."""
+        index = self._positions()
+        found = {index.get(k, index.get(k.lower())) for k in keys}
+        found.discard(None)
+        return sorted(found)  # type: ignore[arg-type]
+
     def by_mode(self, mode: str) -> list[RequestAnalysis]:
         return [r for r in self.requests if r.mode == mode]
 
@@ -281,7 +294,7 @@ class RunAnalysis:
         rows = np.flatnonzero(timed)
         # longest first, ties in run order (a stable sort, as `sorted(reverse=True)`)
         top = rows[np.argsort(-cols.ttft[rows], kind="stable")[:n]].tolist()
-        return self._at(top)
+        return self.at(top)
 
     def subset(self, positions: list[int]) -> RunAnalysis:
         """The requests at `positions` as a run of their own (`of`): a time window, a
@@ -290,7 +303,7 @@ class RunAnalysis:
         each request."""
         cols = self._lazy()
         if cols is None:
-            return self.of(self._at(positions))
+            return self.of(self.at(positions))
         return self.of(self.requests.view(positions), cols.take(positions))  # type: ignore[attr-defined]
 
     def of(self, requests: Sequence[RequestAnalysis], columns: Any = None) -> RunAnalysis:
@@ -308,7 +321,8 @@ class RunAnalysis:
             _columns=columns,
         )
 
-    def _at(self, positions: list[int]) -> list[RequestAnalysis]:
+    def at(self, positions: list[int]) -> list[RequestAnalysis]:
+        """The requests at `positions` (from the analysis index, read together)."""
         if isinstance(self.requests, LazyRequests):
             return self.requests.some(positions)
         return [self.requests[i] for i in positions]
@@ -366,7 +380,7 @@ class RunAnalysis:
             missing.update(_missing_spans(cols.problems[i]))
         return FailureSummary(
             requests=len(cols),
-            failed=self._at(where),
+            failed=self.at(where),
             recovered=int(cols.recovered.sum()),
             incomplete=int(lost.sum()),
             missing_spans=dict(missing.most_common()),
