@@ -27,7 +27,7 @@ from tracedpush import analysis
 from tracedpush import semconv as sc
 from tracedpush.analysis import index as index_mod
 from tracedpush.analysis import index_child
-from tracedpush.analysis.results import LazyRequests
+from tracedpush.analysis.results import made_with
 from tracedpush.console import selection
 from tracedpush.console.selection import mode_order
 
@@ -119,15 +119,10 @@ class Snapshot:
         `PERFETTO_BATCH` at a time as the export reads them, and kept by no one
         (`LazyRequests.stream`): thousands of requests with their spans are gigabytes."""
         run = self.run
-        at = list(range(len(run))) if trace_ids is None else run.positions(trace_ids)
+        chosen = run if trace_ids is None else run.subset(run.positions(trace_ids))
         if self.expand is None:  # the requests have their span views already
-            return run.subset(at)
-        expand = self.expand
-
-        def spanned(positions: list[int]) -> list[Any]:
-            return expand(run.at([at[i] for i in positions]))
-
-        return run.of(LazyRequests(len(at), spanned, step=PERFETTO_BATCH))
+            return chosen
+        return run.of(made_with(chosen.requests, self.expand, PERFETTO_BATCH))
 
     def with_spans(self, requests: list[Any]) -> list[Any]:
         """`full` for many requests at once (one read of the index)."""

@@ -67,9 +67,10 @@ def window_ids(table: pd.DataFrame, from_s: float, to_s: float) -> list[str]:
     return table["trace_id"][(s >= from_s) & (s < to_s)].tolist()
 
 
-def perfetto_command(source: Source) -> str | None:
-    """The `tracedpush report` command that writes every request of `source` as one
-    Perfetto file, streamed to disk (None: a source the CLI cannot name)."""
+def perfetto_command(source: Source, window: tuple[float, float] | None = None) -> str | None:
+    """The `tracedpush report` command that writes the requests of `source` (those that
+    arrived in `window`, unix seconds [from, to), if given) as one Perfetto file,
+    streamed to disk. None: a source the CLI cannot name."""
     if source.kind == "traces":
         args = [a for p in source.trace_paths for a in ("--traces", p)]
     elif source.kind == "jaeger":
@@ -77,6 +78,12 @@ def perfetto_command(source: Source) -> str | None:
         args += ["--service", source.service] if source.service else []
     else:
         return None
+    if window is not None:
+        args += ["--since", _iso(window[0]), "--until", _iso(window[1])]
     return shlex.join(
         ["tracedpush", "report", *args, "--format", "perfetto", "--out", PERFETTO_FILE]
     )
+
+
+def _iso(unix_s: float) -> str:
+    return datetime.fromtimestamp(unix_s, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

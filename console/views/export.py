@@ -39,6 +39,7 @@ choice = st.radio(
 )
 selected = ui.selected_request(snap)
 ids: list[str] | None
+window: tuple[int, int] | None = None  # a time window's [from, to), unix s
 if choice == "selected request":
     ids = [selected.trace_id] if selected is not None else []
     if not ids:
@@ -55,7 +56,8 @@ elif choice == "a time window":
             format_func=lambda s: export.bucket_label(s, width),
             key="perfetto_window",
         )
-        ids = export.window_ids(snap.table, first, last + width)
+        window = (first, last + width)
+        ids = export.window_ids(snap.table, *window)
     else:
         ids = []
         st.info("No request has an arrival time.")
@@ -64,13 +66,13 @@ else:
 count = len(run.requests) if ids is None else len(ids)
 too_many = count > export.PERFETTO_MAX
 if too_many:
-    command = export.perfetto_command(snap.source)
+    command = export.perfetto_command(snap.source, window)
     st.warning(
         f"{count:,} requests make a file of about {count * 10 / 1e6:,.1f} GB, which the "
         f"console would hold in memory: it offers at most {export.PERFETTO_MAX:,} in one "
         "file. Choose a shorter time window"
         + (
-            f", or write them all with the CLI, which streams them to disk:\n\n```\n{command}\n```"
+            f", or write them with the CLI, which streams them to disk:\n\n```\n{command}\n```"
             if command
             else "."
         )

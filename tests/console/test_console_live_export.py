@@ -164,6 +164,10 @@ def test_export_window_and_command(traces, expected):
         f"--format perfetto --out {export.PERFETTO_FILE}"
     )
     assert export.perfetto_command(data.Source("none")) is None
+    assert export.perfetto_command(two, (86_400, 86_460)).endswith(
+        "--since 1970-01-02T00:00:00Z --until 1970-01-02T00:01:00Z --format perfetto "
+        f"--out {export.PERFETTO_FILE}"
+    )
 
 
 def test_export_page_offers_a_time_window_and_caps_one_file(app, traces, expected, monkeypatch):
@@ -196,6 +200,11 @@ def test_export_page_offers_a_time_window_and_caps_one_file(app, traces, expecte
     )
     at.radio(key="perfetto_scope").set_value("slowest 50").run()
     assert at.get("download_button")[1].proto.disabled  # 50 > 10 too
+    at.radio(key="perfetto_scope").set_value("a time window").run()
+    at.select_slider(key="perfetto_window").set_value((starts[0], starts[-1])).run()
+    assert at.get("download_button")[1].proto.disabled  # the whole run's minutes
+    since = export._iso(starts[0])
+    assert any(f"--since {since} --until " in w.value for w in at.warning)
 
 
 def test_export_without_selection_says_so(app, traces):

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import shutil
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -395,3 +398,64 @@ def test_a_report_that_fails_midway_leaves_the_earlier_one(
     monkeypatch.undo()
     assert cli_main([*argv[:-1], os.devnull]) == 0
     assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+
+
+def test_since_until_choose_requests_by_arrival(
+    traces: tuple[Path, Any], run: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--since` / `--until` keep the requests the proxy received in [since, until), the
+    same through the analysis index and without it, in every format; a Perfetto file of
+    a window equals `to_perfetto` of those requests."""
+    d = tmp_path / "traces"
+    shutil.copytree(traces[0], d)  # an index of its own beside them
+    starts = sorted(r.start_unix_ms for r in run.requests)
+    # 50 requests: the 21st up to the 71st (bounds between two: ISO keeps microseconds)
+    since, until = (starts[19] + starts[20]) / 2, (starts[69] + starts[70]) / 2
+    want = sorted(r.trace_id for r in run.requests if since <= r.start_unix_ms < until)
+    assert len(want) == 50
+    iso = datetime.fromtimestamp(since / 1000, tz=UTC).isoformat()  # with its offset
+    window = ["--since", iso, "--until", str(until / 1000)]
+    docs = []
+    for extra in (["--no-index"], ["--index"]):
+        out = tmp_path / f"{extra[0]}.json"
+        args = ["report", "--traces", str(d), "--out", str(out), *window, *extra]
+        assert cli_main([*args, "--format", "json"]) == 0
+        doc = json.loads(out.read_text())
+        del doc["load_stats"]
+        docs.append(doc)
+        assert sorted(r["trace_id"] for r in doc["requests"]) == want
+        assert cli_main([*args, "--format", "perfetto"]) == 0
+        assert json.loads(out.read_text()) == json.loads(json.dumps(to_perfetto(run, want)))
+        assert cli_main(["report", "--traces", str(d), *window, *extra]) == 0
+        table = capsys.readouterr().out
+        assert "requests: 50 (" in table
+    assert docs[0] == docs[1]
+    naive = datetime.fromtimestamp(until / 1000, tz=UTC).replace(tzinfo=None).isoformat()
+    assert cli_main(["report", "--traces", str(d), "--format", "json", "--until", naive]) == 0
+    got = json.loads(capsys.readouterr().out)["requests"]
+    assert len(got) == 70  # a naive time is UTC
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--since", "yesterday"], "is not a time"),
+        (["--since", "2026-12-04T03:30", "--until", "2026-12-04T03:30"], "is not before"),
+        (["--bench", "x.json", "--since", "1"], "do not apply to --bench"),
+    ],
+)
+def test_since_until_refuse_what_is_not_a_window(
+    traces: tuple[Path, Any], args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) if "yesterday" in args else contextlib.nullcontext():
+        code = cli_main(["report", "--traces", str(traces[0]), *args])
+        assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_window_with_no_request_says_so(
+    traces: tuple[Path, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli_main(["report", "--traces", str(traces[0]), "--until", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "none of the 120 requests is chosen (until 1970-01-01T00:00:01+00:00)" in err

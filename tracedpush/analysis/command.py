@@ -10,6 +10,7 @@ import sqlite3
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
@@ -23,7 +24,7 @@ from tracedpush.analysis.load import FileSource, TraceStore
 from tracedpush.analysis.perfetto import write_perfetto
 from tracedpush.analysis.report import render
 from tracedpush.analysis.report_json import write_json
-from tracedpush.analysis.results import LazyRequests, RunAnalysis
+from tracedpush.analysis.results import RunAnalysis
 
 
 def _edges(text: str) -> tuple[int, ...]:
@@ -96,6 +97,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--trace-id", action="append", default=[], help="only this trace (repeatable)"
     )
     parser.add_argument(
+        "--since",
+        metavar="TIME",
+        type=_when,
+        help="only requests the proxy received at TIME or later: ISO 8601 (e.g. "
+        "2026-12-04T03:30; UTC unless it gives an offset) or unix seconds. Their load is "
+        "still counted over the whole run",
+    )
+    parser.add_argument(
+        "--until", metavar="TIME", type=_when, help="only requests received before TIME"
+    )
+    parser.add_argument(
         "--format",
         choices=("table", "json", "perfetto"),
         default="table",
@@ -151,6 +163,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="--traces: read and analyse every span again, ignoring any analysis index",
     )
+
+
+def _when(text: str) -> float:
+    """--since / --until: unix ms from ISO 8601 (UTC when naive) or unix seconds."""
+    try:
+        return float(text) * 1000.0
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a time: give ISO 8601 (2026-12-04T03:30, UTC unless it has "
+            "an offset such as +01:00) or unix seconds"
+        ) from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp() * 1000.0
+
+
+def _utc(ms: float) -> str:
+    return datetime.fromtimestamp(ms / 1000.0, tz=UTC).isoformat(timespec="seconds")
+
+
+def _chosen(args: argparse.Namespace, result: RunAnalysis) -> list[int] | None:
+    """The positions --trace-id (with --traces: Jaeger searched only those) and --since /
+    --until keep, in run order; None when they keep all."""
+    ids = args.trace_id if args.traces else None
+    if not ids and args.since is None and args.until is None:
+        return None
+    kept = result.positions(ids) if ids else range(len(result.requests))
+    if args.since is None and args.until is None:
+        return list(kept)
+    window = set(result.arrived(args.since, args.until))
+    return [i for i in kept if i in window]
 
 
 def _error(message: str, code: int = 2) -> int:
@@ -265,11 +310,15 @@ def _update(idx: AnalysisIndex) -> RunAnalysis:
 
 def run(args: argparse.Namespace) -> int:
     if args.bench:
+        if args.since is not None or args.until is not None:
+            return _error("--since and --until do not apply to --bench")
         return run_bench(args)
     if not (args.traces or args.jaeger):
         return _error("one of --traces, --jaeger or --bench is required")
     if args.request_id_prefix is not None:
         return _error("--request-id-prefix needs --bench")
+    if args.since is not None and args.until is not None and args.since >= args.until:
+        return _error(f"--since {_utc(args.since)} is not before --until {_utc(args.until)}")
     kwargs = {}
     if args.buckets:
         kwargs["buckets"] = args.buckets
@@ -298,22 +347,24 @@ def run(args: argparse.Namespace) -> int:
             spans=with_spans,
             **kwargs,
         )
-    if args.trace_id and args.traces:
-        keep = set(args.trace_id)
-        cols = result.columns()
-        if isinstance(result.requests, LazyRequests) and cols is not None:  # by column
-            ids = zip(cols.trace_id, cols.request_id, strict=True)
-            chosen = [i for i, (t, q) in enumerate(ids) if t in keep or q in keep]
-            result.requests = result.requests.some(chosen)
-        else:
-            result.requests = [
-                r for r in result.requests if r.trace_id in keep or r.request_id in keep
-            ]
-        result._reindex()
+    chosen = _chosen(args, result)
+    said = False  # why there is no request
+    if chosen is not None:
+        if not chosen and result.requests:
+            window = " and ".join(
+                f"{name} {_utc(ms)}"
+                for name, ms in (("since", args.since), ("until", args.until))
+                if ms is not None
+            )
+            _error(
+                f"none of the {len(result.requests):,} requests is chosen ({window or 'ids'})", 0
+            )
+            said = True
+        result = result.subset(chosen)  # by column from the index: no request is read
     if isinstance(store, AnalysisIndex) and with_spans:
         result.with_requests(store.with_spans(result.requests))
     try:
-        failed = _render(args, result, store)
+        failed = _render(args, result, store, said)
     finally:
         if isinstance(store, AnalysisIndex):  # closed once written: the JSON report
             store.close()  # reads its requests from it as it writes them
@@ -328,10 +379,14 @@ def _progress(written: int, total: int) -> None:
 
 
 def _render(
-    args: argparse.Namespace, result: RunAnalysis, store: TraceStore | AnalysisIndex
+    args: argparse.Namespace,
+    result: RunAnalysis,
+    store: TraceStore | AnalysisIndex,
+    said: bool = False,
 ) -> int:
-    """`result` in the asked format, to --out or stdout (`_write`'s code)."""
-    if not result.requests:
+    """`result` in the asked format, to --out or stdout (`_write`'s code). `said`: why
+    there is no request was said already."""
+    if not result.requests and not said:
         print(
             f"tracedpush report: no requests found in {store.describe()} "
             f"({store.stats.spans} spans, {store.stats.malformed} malformed skipped)",

@@ -81,7 +81,13 @@ from tracedpush.analysis.index_store import (
 from tracedpush.analysis.load import FileSource, _FileState
 from tracedpush.analysis.model import ClockOffset, LoadStats, Resource, Span
 from tracedpush.analysis.otlp import Decoder
-from tracedpush.analysis.results import LazyRequests, LazySteps, RequestAnalysis, RunAnalysis
+from tracedpush.analysis.results import (
+    LazyRequests,
+    LazySteps,
+    RequestAnalysis,
+    RunAnalysis,
+    made_with,
+)
 from tracedpush.analysis.timeline import (
     DEFAULT_BUCKETS,
     DEFAULT_LOAD_BUCKETS,
@@ -1097,9 +1103,13 @@ class AnalysisIndex:
     def with_spans(self, requests: Sequence[RequestAnalysis]) -> Sequence[RequestAnalysis]:
         """Copies of `requests` (from the last `update`) with span views and lanes. The
         last update's requests as a whole (`report --spans`, Perfetto) stay lazy: each is
-        made with its spans when read, once, and not first without them."""
+        made with its spans when read, once, and not first without them. Some of them
+        read lazily (`RunAnalysis.subset`: a time window) stay lazy too, made a batch at
+        a time (`made_with`)."""
         if self._spanned_of is not None and requests is self._spanned_of[0]:
             return LazyRequests(len(requests), self._spanned_of[1])
+        if isinstance(requests, LazyRequests):
+            return made_with(requests, self.with_spans)
         return self._spanned(
             [(r.trace_id, r.load, r.load_bucket, r.bucket, r.tpot_breakdown_ms) for r in requests]
         )

@@ -166,6 +166,21 @@ class LazyRequests(Sequence["RequestAnalysis"]):
         return LazyRequests(len(at), lambda ps: self.some([at[i] for i in ps]))
 
 
+def made_with(
+    requests: Sequence[RequestAnalysis],
+    make: Callable[[list[RequestAnalysis]], Sequence[RequestAnalysis]],
+    step: int = 1_000,
+) -> LazyRequests:
+    """`requests` as `make` remakes them (e.g. with their span views), `step` at a time
+    as they are read; a report that streams them (`LazyRequests.stream`) keeps none."""
+    pick = (
+        requests.some
+        if isinstance(requests, LazyRequests)
+        else (lambda ps: [requests[i] for i in ps])
+    )
+    return LazyRequests(len(requests), lambda ps: list(make(pick(ps))), step=step)
+
+
 class LazySteps:
     """A run's `EngineSteps` read on first use (from the analysis index: a warm report
     prints their summary and contention, kept beside them, without reading them)."""
@@ -268,12 +283,34 @@ class RunAnalysis:
         return None if i is None else self.requests[i]
 
     def positions(self, keys: Iterable[str]) -> list[int]:
-        """The positions of the requests `keys` names (trace or request ids, as `get`),
-        in run order, each once; keys of no request are skipped. Reads no request."""
-        index = self._positions()
-        found = {index.get(k, index.get(k.lower())) for k in keys}
-        found.discard(None)
-        return sorted(found)  # type: ignore[arg-type]
+        """The positions of the requests `keys` names (trace ids, any case, or request
+        ids: every request with one), in run order. By column when known."""
+        keep = {k for key in keys for k in (key, key.lower())}
+        cols = self._lazy()
+        if cols is not None:
+            pairs: Iterable[tuple[str, str]] = zip(cols.trace_id, cols.request_id, strict=True)
+        else:
+            pairs = ((r.trace_id, r.request_id) for r in self.requests)
+        return [i for i, (t, q) in enumerate(pairs) if t in keep or q in keep]
+
+    def arrived(self, since_ms: float | None, until_ms: float | None) -> list[int]:
+        """The positions of the requests received from `since_ms` (included) until
+        `until_ms` (excluded), unix ms on the proxy's clock (None: no bound), in run
+        order. By column when known: no request is read."""
+        import numpy as np
+
+        cols = self.columns()
+        start = (
+            np.asarray(cols.start, dtype="float64")
+            if cols is not None
+            else np.array([r.start_unix_ms for r in self.requests], dtype="float64")
+        )
+        keep = np.isfinite(start)
+        if since_ms is not None:
+            keep &= start >= since_ms
+        if until_ms is not None:
+            keep &= start < until_ms
+        return np.flatnonzero(keep).tolist()
 
     def by_mode(self, mode: str) -> list[RequestAnalysis]:
         return [r for r in self.requests if r.mode == mode]
