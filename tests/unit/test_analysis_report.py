@@ -430,6 +430,9 @@ def test_since_until_choose_requests_by_arrival(
         table = capsys.readouterr().out
         assert "requests: 50 (" in table
     assert docs[0] == docs[1]
+    whole = json.loads(json.dumps(run_json(run)))
+    for key in ("clock_offsets_ms", "engine_steps"):
+        assert docs[0][key] == whole[key] and whole[key]  # the whole run's
     naive = datetime.fromtimestamp(until / 1000, tz=UTC).replace(tzinfo=None).isoformat()
     assert cli_main(["report", "--traces", str(d), "--format", "json", "--until", naive]) == 0
     got = json.loads(capsys.readouterr().out)["requests"]

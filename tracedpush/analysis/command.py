@@ -360,7 +360,9 @@ def run(args: argparse.Namespace) -> int:
                 f"none of the {len(result.requests):,} requests is chosen ({window or 'ids'})", 0
             )
             said = True
+        steps = result.engine_steps  # the run's, as its offsets and load are
         result = result.subset(chosen)  # by column from the index: no request is read
+        result.engine_steps = steps
     if isinstance(store, AnalysisIndex) and with_spans:
         result.with_requests(store.with_spans(result.requests))
     try:
