@@ -598,6 +598,35 @@ def test_report_command_from_jaeger(jaeger: FakeJaeger, tmp_path: Any) -> None:
     assert len(doc["requests"]) == 40
 
 
+def test_report_of_a_window_searches_that_window(
+    jaeger: FakeJaeger, gen: synthetic.SyntheticRun, tmp_path: Any
+) -> None:
+    """`report --jaeger --since/--until` searches [since, until) (a second wider each
+    side, for exporters' clocks), not the last `--lookback`, and keeps the requests the
+    proxy received in it: those the same files give."""
+    starts = sorted(r.start_unix_ns for r in gen.requests)
+    since, until = (starts[9] + starts[10]) / 2e9, (starts[29] + starts[30]) / 2e9
+    out = tmp_path / "w.json"
+    window = ["--since", str(since), "--until", str(until)]
+    args = ["report", "--jaeger", jaeger.url, *window, "--format", "json", "--out", str(out)]
+    assert cli_main([*args, "--lookback", "1m"]) == 0  # a lookback that misses the window
+    got = sorted(r["trace_id"] for r in json.loads(out.read_text())["requests"])
+    want = sorted(r.trace_id for r in gen.requests if since * 1e9 <= r.start_unix_ns < until * 1e9)
+    assert got == want and len(want) == 20
+    searches = _searches(jaeger)
+    assert searches
+    for q in searches:
+        lo = _rfc3339_ns(q["query.start_time_min"]) / 1e9
+        hi = _rfc3339_ns(q["query.start_time_max"]) / 1e9
+        assert since - 1.0 - 1e-5 <= lo < hi <= until + 1.0 + 1e-5  # (µs, and 1 µs early)
+    files = tmp_path / "files"
+    gen.write(files)
+    assert cli_main(["report", "--traces", str(files), *window, "--format", "json",
+                     "--out", str(tmp_path / "f.json")]) == 0  # fmt: skip
+    from_files = json.loads((tmp_path / "f.json").read_text())["requests"]
+    assert sorted(r["trace_id"] for r in from_files) == got
+
+
 def test_parse_duration() -> None:
     assert parse_duration("1h") == 3600
     assert parse_duration("1h30m") == 5400

@@ -102,7 +102,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_when,
         help="only requests the proxy received at TIME or later: ISO 8601 (e.g. "
         "2026-12-04T03:30; UTC unless it gives an offset) or unix seconds. Their load is "
-        "still counted over the whole run",
+        "still counted over the whole run. --jaeger searches from TIME (to --until, else "
+        "now) instead of --lookback",
     )
     parser.add_argument(
         "--until", metavar="TIME", type=_when, help="only requests received before TIME"
@@ -217,6 +218,8 @@ def _store(args: argparse.Namespace, traces: list[str] | None) -> TraceStore | i
         service=args.service,
         lookback=args.lookback,
         trace_ids=args.trace_id or None,
+        since=None if args.since is None else args.since / 1000.0,
+        until=None if args.until is None else args.until / 1000.0,
     )
     if store.last_error:
         return _error(store.last_error, 1)

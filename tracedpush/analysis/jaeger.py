@@ -55,6 +55,7 @@ from tracedpush.analysis.model import LoadStats, Span
 from tracedpush.analysis.otlp import Decoder, Malformed
 
 MARGIN_S = 120.0  # re-read at least this much before the previous window's end
+CLOCKS_US = 1_000_000  # a search window's ends widened this much: exporters' clocks
 MIN_WINDOW_US = 1_000  # search windows are not split below 1 ms
 FULL = 0.9  # an answer with this share of the depth (traces or spans) may be cut off
 REFETCH_MAX = 200  # rootless traces fetched again by id per refresh
@@ -115,6 +116,8 @@ class JaegerSource:
         api: str = "auto",  # "auto", "v3" or "legacy"
         margin: str | float = MARGIN_S,
         retries: int = 1,
+        since: float | None = None,
+        until: float | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.service = service
@@ -125,6 +128,8 @@ class JaegerSource:
         self.api = api
         self.margin_s = parse_duration(margin)
         self.retries = retries
+        # unix s: search [since, until) (`report --since/--until`) instead of the lookback
+        self.since_s, self.until_s = since, until
         self.last_error: str | None = None
         self.longest_s = 0.0  # longest request (root span) seen
         self.pending: dict[str, float] = {}  # rootless trace id -> when first seen
@@ -420,13 +425,16 @@ class JaegerSource:
                     stats.note(self.last_error)
                 return
             now_us = int(started * 1e6)
-            if self._until_us is None:
-                t0_us = now_us - int(self.lookback_s * 1e6)
-            else:
+            if self._until_us is not None:
                 t0_us = self._until_us - int(self.overlap_s() * 1e6)
-            for service in self._services_to_search(stats):  # +1 s: exporters' clocks
-                self._walk(service, t0_us, now_us + 1_000_000, decoder, stats)
-            self._until_us = now_us
+            elif self.since_s is not None:
+                t0_us = int(self.since_s * 1e6) - CLOCKS_US
+            else:
+                t0_us = now_us - int(self.lookback_s * 1e6)
+            end_us = now_us if self.until_s is None else int(self.until_s * 1e6)
+            for service in self._services_to_search(stats):
+                self._walk(service, t0_us, end_us + CLOCKS_US, decoder, stats)
+            self._until_us = end_us
             self._refetch(started, decoder, stats)
             if self.saturated:
                 self._notes.append(

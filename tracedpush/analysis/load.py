@@ -224,13 +224,22 @@ class TraceStore:
         trace_ids: Iterable[str] | None = None,
         timeout: float = 10.0,
         load: bool = True,
+        since: float | None = None,
+        until: float | None = None,
     ) -> TraceStore:
-        """A live Jaeger query service (e.g. http://localhost:16686); see `jaeger`."""
+        """A live Jaeger query service (e.g. http://localhost:16686); see `jaeger`.
+        `since` / `until` (unix s): search that window instead of the `lookback`."""
         from tracedpush.analysis.jaeger import JaegerSource
 
         store = cls(
             JaegerSource(
-                url, service=service, lookback=lookback, trace_ids=trace_ids, timeout=timeout
+                url,
+                service=service,
+                lookback=lookback,
+                trace_ids=trace_ids,
+                timeout=timeout,
+                since=since,
+                until=until,
             )
         )
         if load:
