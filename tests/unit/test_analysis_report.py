@@ -429,8 +429,12 @@ def test_since_until_choose_requests_by_arrival(
         assert cli_main(["report", "--traces", str(d), *window, *extra]) == 0
         table = capsys.readouterr().out
         assert "requests: 50 (" in table
+        since_s = datetime.fromtimestamp(since / 1000, tz=UTC).isoformat(timespec="seconds")
+        until_s = datetime.fromtimestamp(until / 1000, tz=UTC).isoformat(timespec="seconds")
+        assert f"{d}, requests received from {since_s} until {until_s}" in table
     assert docs[0] == docs[1]
     whole = json.loads(json.dumps(run_json(run)))
+    assert docs[0]["source"].startswith(f"{d}, requests received from ")
     for key in ("clock_offsets_ms", "engine_steps"):
         assert docs[0][key] == whole[key] and whole[key]  # the whole run's
     naive = datetime.fromtimestamp(until / 1000, tz=UTC).replace(tzinfo=None).isoformat()

@@ -363,9 +363,13 @@ def run(args: argparse.Namespace) -> int:
                 f"none of the {len(result.requests):,} requests is chosen ({window or 'ids'})", 0
             )
             said = True
-        steps = result.engine_steps  # the run's, as its offsets and load are
+        steps, source = result.engine_steps, result.source  # the run's, as its offsets are
         result = result.subset(chosen)  # by column from the index: no request is read
         result.engine_steps = steps
+        if args.since is not None or args.until is not None:  # the header says which
+            since = "the start" if args.since is None else _utc(args.since)
+            until = "the end" if args.until is None else _utc(args.until)
+            result.source = f"{source}, requests received from {since} until {until}"
     if isinstance(store, AnalysisIndex) and with_spans:
         result.with_requests(store.with_spans(result.requests))
     try:
