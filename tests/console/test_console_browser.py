@@ -5,6 +5,7 @@ timeline, and screenshots land in artifacts/ for a human to look at."""
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pytest
@@ -145,3 +146,28 @@ def test_other_pages_render(served, driver, page):
     browser.wait_rendered(driver, charts=0 if page == "export" else 1, timeout=120)
     assert not browser.exception_text(driver)
     browser.screenshot(driver, ARTIFACTS / f"console-{page}.png")
+
+
+def test_export_offers_a_time_window(served, driver, expected):
+    """In the browser too, "a time window" says which requests it takes (the run's last
+    minute) and offers them, without an exception."""
+    from selenium.webdriver.common.by import By
+
+    driver.get(f"{served.url}/export")
+    browser.wait_rendered(driver, charts=0, timeout=120)
+    option = driver.find_element(
+        By.XPATH, "//*[@data-testid='stRadio']//label[contains(., 'a time window')]"
+    )
+    option.click()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "requests arrived from" not in driver.page_source:
+        time.sleep(0.1)
+    browser.wait_rendered(driver, charts=0, timeout=60)
+    assert not browser.exception_text(driver)
+    buttons = [
+        b.text for b in driver.find_elements(By.CSS_SELECTOR, "[data-testid='stDownloadButton']")
+    ]
+    n = int(re.search(r"Perfetto JSON \((\d+) requests\)", " ".join(buttons)).group(1))
+    assert 0 < n <= len(expected.requests)
+    assert f"{n} requests arrived from " in driver.find_element(By.TAG_NAME, "main").text
+    browser.screenshot(driver, ARTIFACTS / "console-export-window.png")

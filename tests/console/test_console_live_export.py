@@ -179,11 +179,15 @@ def test_export_page_offers_a_time_window_and_caps_one_file(app, traces, expecte
     no_exception(at)
     table = pd.DataFrame(expected.table())
     width, starts = export.window_buckets(table)
-    slider = at.select_slider(key="perfetto_window")
-    assert slider.value == (starts[-1], starts[-1])  # the last (the run spans 1 or 2, by the clock)
+    if len(starts) == 1:  # the run within one minute, by the clock: no slider to slide
+        assert not at.get("select_slider")
+    else:
+        assert at.select_slider(key="perfetto_window").value == (starts[-1], starts[-1])
     for first, last in ((starts[-1], starts[-1]), (starts[0], starts[-1])):
-        at.select_slider(key="perfetto_window").set_value((first, last)).run()
+        if len(starts) > 1:
+            at.select_slider(key="perfetto_window").set_value((first, last)).run()
         n = len(export.window_ids(table, first, last + width))
+        assert any(c.value.startswith(f"{n:,} requests arrived from ") for c in at.caption)
         button = at.get("download_button")[1].proto
         assert button.label == f"Download Perfetto JSON ({n:,} requests)"
         assert not button.disabled
@@ -201,10 +205,23 @@ def test_export_page_offers_a_time_window_and_caps_one_file(app, traces, expecte
     at.radio(key="perfetto_scope").set_value("slowest 50").run()
     assert at.get("download_button")[1].proto.disabled  # 50 > 10 too
     at.radio(key="perfetto_scope").set_value("a time window").run()
-    at.select_slider(key="perfetto_window").set_value((starts[0], starts[-1])).run()
+    if len(starts) > 1:
+        at.select_slider(key="perfetto_window").set_value((starts[0], starts[-1])).run()
     assert at.get("download_button")[1].proto.disabled  # the whole run's minutes
     since = export._iso(starts[0])
     assert any(f"--since {since} --until " in w.value for w in at.warning)
+
+
+def test_export_window_of_a_run_within_one_minute(app, tmp_path):
+    """A run within one minute gives no slider (one position to slide to) and takes it all."""
+    start = (time.time() // 60 - 5) * 60 + 5  # 5 s into a minute, 5 minutes ago
+    generate(6, seed=3, start_unix_s=start).write(tmp_path)
+    at = app(traces=tmp_path, page="views/export.py")
+    at.radio(key="perfetto_scope").set_value("a time window").run()
+    no_exception(at)
+    assert not at.get("select_slider")
+    assert any(c.value.startswith("6 requests arrived from ") for c in at.caption)
+    assert at.get("download_button")[1].proto.label == "Download Perfetto JSON (6 requests)"
 
 
 def test_export_without_selection_says_so(app, traces):

@@ -443,6 +443,18 @@ def test_since_until_choose_requests_by_arrival(
     assert len(got) == 70  # a naive time is UTC
 
 
+def test_since_until_take_how_long_ago(
+    traces: tuple[Path, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A duration is that long before now: the synthetic run is from 2023."""
+    d = str(traces[0])
+    for window, n in ((["--since", "5000d"], 120), (["--until", "1h30m"], 120)):
+        assert cli_main(["report", "--traces", d, "--format", "json", *window]) == 0
+        assert len(json.loads(capsys.readouterr().out)["requests"]) == n
+    assert cli_main(["report", "--traces", d, "--since", "2d"]) == 1
+    assert "none of the 120 requests is chosen (since " in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

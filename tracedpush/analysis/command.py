@@ -101,7 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TIME",
         type=_when,
         help="only requests the proxy received at TIME or later: ISO 8601 (e.g. "
-        "2026-12-04T03:30; UTC unless it gives an offset) or unix seconds. Their load is "
+        "2026-12-04T03:30; UTC unless it gives an offset), unix seconds, or how long ago "
+        "(15m: the last 15 minutes). Their load is "
         "still counted over the whole run. --jaeger searches from TIME (to --until, else "
         "now) instead of --lookback",
     )
@@ -167,7 +168,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _when(text: str) -> float:
-    """--since / --until: unix ms from ISO 8601 (UTC when naive) or unix seconds."""
+    """--since / --until: unix ms from ISO 8601 (UTC when naive), unix seconds, or a
+    duration before now ("15m", "2h", "1h30m")."""
     try:
         return float(text) * 1000.0
     except ValueError:
@@ -175,10 +177,13 @@ def _when(text: str) -> float:
     try:
         when = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a time: give ISO 8601 (2026-12-04T03:30, UTC unless it has "
-            "an offset such as +01:00) or unix seconds"
-        ) from None
+        try:
+            return (time.time() - parse_duration(text)) * 1000.0
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a time: give ISO 8601 (2026-12-04T03:30, UTC unless it "
+                "has an offset such as +01:00), unix seconds, or how long ago (15m, 2h)"
+            ) from None
     return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp() * 1000.0
 
 
