@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tracedpush import semconv as sc
 from tracedpush.analysis import (
@@ -23,6 +25,7 @@ from tracedpush.analysis import (
 )
 from tracedpush.analysis.compare import explain_delta, percentile
 from tracedpush.analysis.report import render
+from tracedpush.analysis.report_json import indented, request_json
 from tracedpush.analysis.timeline import LoadCounter, bucket_label, load_label
 from tracedpush.cli import main as cli_main
 from tracedpush.testing import synthetic
@@ -478,3 +481,26 @@ def test_a_window_with_no_request_says_so(
     assert cli_main(["report", "--traces", str(traces[0]), "--until", "1"]) == 1
     err = capsys.readouterr().err
     assert "none of the 120 requests is chosen (until 1970-01-01T00:00:01+00:00)" in err
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_JSON)
+def test_indented_is_json_dumps_indent_1(doc: Any) -> None:
+    """The JSON report's fast indenting writes what ``json.dumps(indent=1)`` writes, for
+    any JSON value: escapes, numbers (huge integers, tiny floats), empty containers, and
+    NaN or infinities (not JSON: written the slow way, as Python writes them)."""
+    assert indented(doc) == json.dumps(doc, indent=1)
+
+
+def test_indented_on_report_documents(traces: tuple[Path, Any], run: Any) -> None:
+    """Every request of a run, with its spans, and the run's document itself."""
+    docs = [request_json(r, spans=True) for r in run.requests] + [run_json(run)]
+    assert all(indented(d) == json.dumps(d, indent=1) for d in docs)
+    assert indented({"ttft_ms": float("nan")}) == '{\n "ttft_ms": NaN\n}'
