@@ -195,13 +195,14 @@ def _chosen(args: argparse.Namespace, result: RunAnalysis) -> list[int] | None:
     """The positions --trace-id (with --traces: Jaeger searched only those) and --since /
     --until keep, in run order; None when they keep all."""
     ids = args.trace_id if args.traces else None
-    if not ids and args.since is None and args.until is None:
-        return None
-    kept = result.positions(ids) if ids else range(len(result.requests))
+    named = result.positions(ids) if ids else None
     if args.since is None and args.until is None:
-        return list(kept)
-    window = set(result.arrived(args.since, args.until))
-    return [i for i in kept if i in window]
+        return named
+    window = result.arrived(args.since, args.until)
+    if named is None:
+        return window
+    inside = set(window)
+    return [i for i in named if i in inside]
 
 
 def _error(message: str, code: int = 2) -> int:
