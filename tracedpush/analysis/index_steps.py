@@ -142,8 +142,10 @@ def _epoch_solo(c: cols.Columns, was: StepArrays | None, same: int) -> tuple[int
         if 0 <= was.first_solo < k:
             tail = cols.step_solo_us(c[:, k:], carry=float(was.solo_us[k - 1]))
             return k, np.concatenate([was.solo_us[:k], tail]), was.first_solo
-    candidate = ~np.isnan(cols.solo_candidates(c)[0])
-    return 0, cols.step_solo_us(c), int(np.argmax(candidate)) if candidate.any() else -1
+    found = cols.solo_candidates(c)
+    candidate = ~np.isnan(found[0])
+    first = int(np.argmax(candidate)) if candidate.any() else -1
+    return 0, cols.step_solo_us(c, candidates=found), first
 
 
 class _Solo:

@@ -473,7 +473,11 @@ def solo_forward_us(c: Columns) -> float | None:
     return float(busy[ok].min()) if ok.any() else None
 
 
-def step_solo_us(c: Columns, carry: float | None = None) -> np.ndarray:
+def step_solo_us(
+    c: Columns,
+    carry: float | None = None,
+    candidates: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
     """Per step of columns sorted by start, the solo forward cost (µs, NaN: none) TPOT
     caps its forward at: the median forward of the one-decode-request steps that start
     in the same `SOLO_EPOCH_NS` (on the clock of the starts); an epoch without such a step
@@ -486,9 +490,10 @@ def step_solo_us(c: Columns, carry: float | None = None) -> np.ndarray:
     the run moved with almost every refresh and split every request again), and a cost
     that drifts over a long run (other load on the host, a warmer cache) is followed.
     `carry`: the solo cost before these steps (they continue an engine's steps, a
-    refresh's tail): epochs without such a step before any with one take it."""
+    refresh's tail): epochs without such a step before any with one take it.
+    `candidates`: `solo_candidates(c)`, when the caller has them."""
     n = c.shape[1]
-    solo, busy = solo_candidates(c)
+    solo, busy = solo_candidates(c) if candidates is None else candidates
     if not n:
         return np.full(0, np.nan)
     epoch = c[START] // SOLO_EPOCH_NS
