@@ -34,7 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "console" / "app.py"
 OUT = REPO / "docs" / "benchmarks"
 PAGES = {  # page -> (AppTest page path, URL path, charts it draws)
-    "overview": (None, "", 5),
+    "overview": (None, "", 4),
+    "requests": ("views/requests.py", "requests", 1),
     "timeline": ("views/timeline.py", "timeline", 1),
     "phases": ("views/phases.py", "phases", 1),
     "live": ("views/live.py", "live", 1),

@@ -16,6 +16,7 @@ st.set_page_config(page_title="tracedpush console", page_icon=":material/timelin
 
 PAGES = [
     st.Page("views/overview.py", title="Overview", icon=":material/compare_arrows:", default=True),
+    st.Page("views/requests.py", title="Requests", icon=":material/scatter_plot:"),
     st.Page("views/timeline.py", title="Request timeline", icon=":material/view_timeline:"),
     st.Page("views/phases.py", title="Phases", icon=":material/stacked_bar_chart:"),
     st.Page("views/sweep.py", title="Sweep", icon=":material/ssid_chart:"),

@@ -607,12 +607,23 @@ def drawn_note(fig: go.Figure, kind: str) -> str:
     )
 
 
-def requests_scatter(table: Any, x: str = "prompt_tokens", y: str = "ttft_ms") -> go.Figure:
-    """One point per request (click one to open its timeline). ``table`` is
-    RunAnalysis.table() as a DataFrame; points carry their trace id in customdata."""
+ARRIVAL = "start_unix_ms"  # the x axis that is a time: drawn on a date axis (UTC)
+
+
+def requests_scatter(
+    table: Any,
+    x: str = "prompt_tokens",
+    y: str = "ttft_ms",
+    x_title: str | None = None,
+    y_title: str | None = None,
+) -> go.Figure:
+    """One point per request with a `y` value (click one to open its timeline), at most
+    `MAX_POINTS` a mode (`drawn`). ``table`` is RunAnalysis.table() as a DataFrame; points
+    carry their trace id in customdata. `x` `ARRIVAL` (unix ms) is drawn as UTC dates."""
     fig = go.Figure()
-    if table is None or len(table) == 0 or y not in table:
+    if table is None or len(table) == 0 or y not in table or x not in table:
         return _empty("no requests")
+    x_title, y_title = x_title or x.replace("_", " "), y_title or y.replace("_", " ")
     for mode in mode_order(table["mode"].unique()):
         every = table[(table["mode"] == mode) & table[y].notna()]
         rows = drawn(every, y)
@@ -626,20 +637,23 @@ def requests_scatter(table: Any, x: str = "prompt_tokens", y: str = "ttft_ms") -
                         "opacity": 0.6},
                 customdata=rows[["request_id", "load", "trace_id"]].to_numpy(),
                 hovertemplate=(
-                    "%{customdata[0]}<br>" + x + " %{x}<br>" + y + " %{y:.1f}"
+                    "%{customdata[0]}<br>" + x_title + " %{x}<br>" + y_title + " %{y:.1f}"
                     "<br>load %{customdata[1]}<extra>" + str(mode) + "</extra>"
                 ),
-                meta={"kind": "requests", "mode": str(mode), "of": len(every)},
+                meta={"kind": "requests", "mode": str(mode), "of": len(every), "x": x,
+                      "y": y},
             )
         )  # fmt: skip
     fig.update_layout(
-        height=380,
+        height=420,
         margin={"l": 10, "r": 10, "t": 50, "b": 10},
-        xaxis_title=x.replace("_", " "),
-        yaxis_title=y.replace("_", " "),
+        xaxis_title=x_title,
+        yaxis_title=y_title,
         clickmode="event+select",
         dragmode="zoom",
     )
+    if x == ARRIVAL:  # Plotly reads numbers on a date axis as ms since the epoch, UTC
+        fig.update_xaxes(type="date")
     return fig
 
 

@@ -6,7 +6,8 @@ its snapshot had not computed yet (at 200,000 requests the Overview's first scri
 took 7.5 s, of which the load 2.9 s; a later visit's script 0.6 s). `warm` computes them
 where no visitor waits: the server's warm-up thread at start (`console.server`).
 
-Figures are kept per snapshot too (`figure`): building the Overview's five took 0.25 s
+Figures are kept per snapshot too (`figure`): building the Overview's five (four since
+the request scatter moved to the Requests page) took 0.25 s
 of each visit at 200,000 requests, the Phases page's boxes 0.2 s. Streamlit only reads a
 figure it is given (`st.plotly_chart` serialises it), so one figure serves every session;
 pages must not change a figure they get from here.
@@ -30,6 +31,15 @@ PHASE_MEASURES = {
     "span durations": "span_frame",
 }
 DEFAULT_STAT = "p50"  # the Overview's statistic until a visitor picks another
+# the Requests page's x axes (table column -> label) and default axes
+REQUEST_AXES = {
+    "prompt_tokens": "prompt tokens",
+    charts.ARRIVAL: "arrival (UTC)",
+    "load": "load (requests in flight)",
+    "output_tokens": "output tokens",
+}
+DEFAULT_X, DEFAULT_Y = "prompt_tokens", "ttft_ms"
+LARGEST_MAX = 100  # the most requests the Requests page lists by its measure
 OUTLIERS_MAX = 50  # the most outliers of one phase the Phases page lists
 # what every page's first visit reads of a snapshot (`warm`)
 SHARED = ("table", "comparison", "failures", "failure_examples", "tpot_accounts", "contention")
@@ -49,8 +59,35 @@ def overview_figures(snap: Snapshot, stat: str) -> dict[str, Any]:
         "by_prompt": figure(snap, ("by_prompt", stat), lambda: charts.latency_by_prompt(cmp, stat)),
         "critical_stack": figure(snap, "critical_stack", lambda: charts.critical_path_stack(cmp)),
         "ttft_delta": figure(snap, "ttft_delta", lambda: charts.ttft_delta(cmp)),
-        "requests": figure(snap, "requests", lambda: charts.requests_scatter(snap.table)),
     }
+
+
+def requests_figure(snap: Snapshot, x: str, y: str) -> Any:
+    """The Requests page's scatter of `y` against `x` (table columns), once per snapshot."""
+    return figure(
+        snap,
+        ("requests", x, y),
+        lambda: charts.requests_scatter(
+            snap.table, x, y, REQUEST_AXES.get(x), request_measures(snap).get(y)
+        ),
+    )
+
+
+def request_measures(snap: Snapshot) -> dict[str, str]:
+    """The Requests page's y axes: table column -> label (TTFT, TPOT, then each phase's
+    time on the critical path, in pipeline order)."""
+    table = snap.table
+    phases = charts.phase_order(c.split(".", 1)[1] for c in table if c.startswith("critical_ms."))
+    return {
+        "ttft_ms": "TTFT ms",
+        "tpot_ms": "TPOT ms",
+        **{f"critical_ms.{p}": f"{p} ms on the critical path" for p in phases},
+    }
+
+
+def largest(snap: Snapshot, y: str) -> pd.DataFrame:
+    """The `LARGEST_MAX` requests with the largest `y`, largest first, once per snapshot."""
+    return snap.memo(("largest", y), lambda: snap.table.nlargest(LARGEST_MAX, y))
 
 
 def phase_boxes(snap: Snapshot, measure: str, modes: list[str]) -> Any:
@@ -123,13 +160,14 @@ def _of_modes(snap: Snapshot, measure: str, modes: list[str]) -> pd.DataFrame:
 
 def warm(snap: Snapshot) -> None:
     """Compute what every page's first visit reads of `snap` (its `SHARED` properties, the
-    Overview's figures and the Phases page's default boxes and outliers), so that visit
-    only sends them."""
+    Overview's figures, the Requests page's default scatter and the Phases page's default
+    boxes and outliers), so that visit only sends them."""
     for name in SHARED:
         getattr(snap, name)
     if snap.run.requests:
         measure = next(iter(PHASE_MEASURES))
         overview_figures(snap, DEFAULT_STAT)
+        requests_figure(snap, DEFAULT_X, DEFAULT_Y)
         if phase_boxes(snap, measure, snap.modes).parts:  # else the page stops before these
             phase_boxes_figure(snap, measure, snap.modes)
             outliers(snap, measure, snap.modes)

@@ -80,6 +80,13 @@ if len(modes) < 2:
         "to compare them."
     )
 
+st.page_link(
+    "views/requests.py",
+    label="Every request as a point (TTFT, TPOT or a phase, against prompt length, arrival "
+    "or load): click one for its timeline",
+    icon=":material/scatter_plot:",
+)
+
 untimed = snap.table["ttft_ms"].isna().sum()
 incomplete = (~snap.table["complete"].astype(bool)).sum()
 if untimed or incomplete:
@@ -144,17 +151,3 @@ if found is not None and found.findings:
     st.markdown("\n".join(f"- {f.text}" for f in found.findings))
 elif found is not None:
     st.caption(f"No CPU contention found in {found.samples:,} thread samples.")
-
-st.subheader("Every request")
-scatter = figures["requests"]
-st.plotly_chart(
-    scatter,
-    key="requests",
-    on_select=lambda: ui.follow_click("requests"),
-    selection_mode="points",
-)
-st.caption(
-    f"{len(snap.run.requests):,} requests from {snap.source.label}. Load is the number of "
-    "requests in flight at the proxy when a request arrived. Click a point for its timeline."
-    + charts.drawn_note(scatter, "requests")
-)

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.browser
 # URL path -> the page's own title (st.title)
 PAGES = {
     "": "Push vs pull",
+    "requests": "Requests",
     "timeline": "Request timeline",
     "phases": "Phases",
     "sweep": "Sweep",
@@ -28,6 +29,7 @@ PAGES = {
 }
 NAVIGATION = [
     "Overview",
+    "Requests",
     "Request timeline",
     "Phases",
     "Sweep",

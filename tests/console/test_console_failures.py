@@ -116,7 +116,7 @@ def test_failures_in_a_real_browser(failed):
         browser.chromium() as driver,
     ):
         driver.get(served.url)
-        browser.wait_rendered(driver, charts=5, timeout=120)
+        browser.wait_rendered(driver, charts=4, timeout=120)
         assert not browser.exception_text(driver)
         text = driver.find_element("css selector", "[data-testid='stMain']").text
         assert "Failed requests: 3 of 30" in text

@@ -69,6 +69,12 @@ def test_overview_from_jaeger(app, jaeger):
     jaeger.docs = generate(40, seed=21, start_unix_s=time.time() - 300).documents
     at = app(jaeger=jaeger.url)
     no_exception(at)
+    modes = {
+        t["meta"]["mode"] for t in traces_of(figure(at, "latency_by_load"), kind="latency_by_load")
+    }
+    assert modes == {"push", "pull"}
+    at.switch_page("views/requests.py").run()
+    no_exception(at)
     fig = figure(at, "requests")
     assert {t["meta"]["mode"] for t in traces_of(fig, kind="requests")} == {"push", "pull"}
     assert sum(len(t["customdata"]) for t in traces_of(fig, kind="requests")) == 40

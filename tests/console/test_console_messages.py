@@ -76,7 +76,7 @@ def test_empty_directory_fills_up(app, tmp_path):
     generate(10, seed=8).write(tmp_path)
     at.run()  # no Reload needed: an empty source is re-read on every run
     no_exception(at)
-    assert len(at.get("plotly_chart")) == 5
+    assert len(at.get("plotly_chart")) == 4
 
 
 def test_incomplete_traces_are_drawn_and_flagged(app, tmp_path):

@@ -52,10 +52,3 @@ def test_critical_path_stack_adds_up_to_mean_ttft(app, traces, expected):
     # push's stack has WRITE, pull's has READ and relay
     phases = {b["meta"]["phase"] for b in bars}
     assert {"WRITE", "READ", "relay", "writer queue", "notification"} <= phases
-
-
-def test_every_request_is_a_clickable_point(app, traces, expected):
-    at = app(traces=traces[0])
-    fig = figure(at, "requests")
-    points = {row[-1] for t in traces_of(fig, kind="requests") for row in t["customdata"]}
-    assert points == {r.trace_id for r in expected.requests if r.ttft_ms is not None}

@@ -58,6 +58,10 @@ def test_warm_derives_what_every_first_visit_reads(traces):
             strict=True,
         )
     )
+    scatter = derived.requests_figure(snap, derived.DEFAULT_X, derived.DEFAULT_Y)
+    assert (
+        snap.memo(("figure", ("requests", derived.DEFAULT_X, derived.DEFAULT_Y)), list) is scatter
+    )
     boxes = derived.phase_boxes_figure(snap, default, snap.modes)
     assert boxes is derived.phase_boxes_figure(snap, default, snap.modes)
     assert derived.outliers(snap, default, snap.modes) is derived.outliers(

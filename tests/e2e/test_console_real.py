@@ -92,7 +92,7 @@ def test_console_shows_both_modes_from_real_traces(pd: Any) -> None:
         browser.chromium() as driver,
     ):  # fmt: skip
         driver.get(server.url)
-        browser.wait_rendered(driver, charts=5, timeout=180)
+        browser.wait_rendered(driver, charts=4, timeout=180)
         assert not browser.exception_text(driver)
         browser.screenshot(driver, ARTIFACTS / "console-e2e-overview.png")
 

@@ -96,6 +96,7 @@ def test_the_wheel_ships_the_console_as_tracedpush_console(wheel: zipfile.ZipFil
         "tracedpush/console/command.py",
         "tracedpush/console/views/__init__.py",
         "tracedpush/console/views/overview.py",
+        "tracedpush/console/views/requests.py",
         "tracedpush/console/views/timeline.py",
         "tracedpush/console/views/phases.py",
         "tracedpush/console/views/live.py",
