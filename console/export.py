@@ -25,6 +25,13 @@ WINDOW_WIDTHS_S = {60: "minute", 300: "5 minutes", 900: "15 minutes", 3_600: "ho
 WINDOW_BUCKETS_MAX = 1_500
 
 
+def rows_of(table: pd.DataFrame, trace_ids: list[str] | None) -> pd.DataFrame:
+    """The table's rows of `trace_ids` (every row when None), in the table's order."""
+    if trace_ids is None:
+        return table
+    return table[table["trace_id"].isin(trace_ids)]
+
+
 def table_csv(table: pd.DataFrame) -> bytes:
     """RunAnalysis.table() as CSV, columns as the analysis names them."""
     return table.to_csv(index=False).encode()

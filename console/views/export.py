@@ -1,4 +1,5 @@
-"""Export: the per-request table as CSV, and traces as Perfetto (Chrome trace-event) JSON."""
+"""Export: the chosen requests (one, the slowest, a time window or all) as the per-request
+table in CSV and as Perfetto (Chrome trace-event) JSON."""
 
 from __future__ import annotations
 
@@ -6,44 +7,28 @@ import streamlit as st
 
 from tracedpush.console import export, ui
 
+SCOPES = ["selected request", "slowest 50", "a time window", "all"]
+
 snap = ui.snapshot()
 run = snap.run
 st.title("Export")
 ui.load_notes(snap)
 
-st.subheader("Per-request table (CSV)")
-st.caption(
-    "One row per request, as `RunAnalysis.table()` returns it: ids, mode, tokens, TTFT, "
-    "TPOT, arrival, load, buckets and `critical_ms.<phase>` per critical-path phase."
-)
-st.dataframe(snap.table.head(200), hide_index=True, height=260)
-st.download_button(
-    f"Download CSV ({len(snap.table):,} requests)",
-    data=lambda: export.table_csv(snap.table),
-    file_name="tracedpush-requests.csv",
-    mime="text/csv",
-    icon=":material/table:",
-    key="csv",
-)
-
-st.subheader("Perfetto trace")
-st.caption(
-    "Open in https://ui.perfetto.dev: one track per instance and lane, skew-corrected, "
-    "flow arrows for the prefill → decode handoff, and a critical-path track."
-)
+selected = ui.selected_request(snap)
 choice = st.radio(
     "Requests",
-    ["selected request", "slowest 50", "a time window", "all"],
+    SCOPES,
+    index=0 if selected is not None else SCOPES.index("all"),
     horizontal=True,
-    key="perfetto_scope",
+    key="export_scope",
+    help="Both downloads below take these requests.",
 )
-selected = ui.selected_request(snap)
 ids: list[str] | None
 window: tuple[int, int] | None = None  # a time window's [from, to), unix s
 if choice == "selected request":
     ids = [selected.trace_id] if selected is not None else []
     if not ids:
-        st.info("No request selected: pick one on the Request timeline page.")
+        st.info("No request selected: pick one on the Request timeline or Requests page.")
 elif choice == "slowest 50":
     ids = [r.trace_id for r in run.slowest(50)]
 elif choice == "a time window":
@@ -56,7 +41,7 @@ elif choice == "a time window":
                 options=starts,
                 value=(starts[-1], starts[-1]),  # the run's last bucket
                 format_func=lambda s: export.bucket_label(s, width),
-                key="perfetto_window",
+                key="export_window",
             )
         window = (first, last + width)
         ids = export.window_ids(snap.table, *window)
@@ -70,6 +55,29 @@ elif choice == "a time window":
 else:
     ids = None  # every request
 count = len(run.requests) if ids is None else len(ids)
+rows = export.rows_of(snap.table, ids)
+
+st.subheader("Per-request table (CSV)")
+st.caption(
+    "One row per request, as `RunAnalysis.table()` returns it: ids, mode, tokens, TTFT, "
+    "TPOT, arrival, load, buckets and `critical_ms.<phase>` per critical-path phase."
+)
+st.dataframe(rows.head(200), hide_index=True, height=260)
+st.download_button(
+    f"Download CSV ({len(rows):,} requests)",
+    data=lambda: export.table_csv(rows),
+    file_name="tracedpush-requests.csv",
+    mime="text/csv",
+    icon=":material/table:",
+    disabled=not len(rows),
+    key="csv",
+)
+
+st.subheader("Perfetto trace")
+st.caption(
+    "Open in https://ui.perfetto.dev: one track per instance and lane, skew-corrected, "
+    "flow arrows for the prefill → decode handoff, and a critical-path track."
+)
 too_many = count > export.PERFETTO_MAX
 if too_many:
     command = export.perfetto_command(snap.source, window)

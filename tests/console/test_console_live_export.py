@@ -105,18 +105,36 @@ def test_export_perfetto_is_analysis_output(expected):
     )
 
 
-def test_export_page_offers_both_downloads(app, traces, expected):
+def test_export_page_offers_both_downloads_of_the_chosen_requests(app, traces, expected):
+    """One choice of requests for both downloads: the selected one (the default when a
+    request is selected), the slowest 50, a window, or all."""
     req = expected.by_mode("pull")[0]
     at = app(traces=traces[0], page="views/export.py", query={"request": req.trace_id})
     no_exception(at)
+    assert at.radio(key="export_scope").value == "selected request"
     labels = [b.proto.label for b in at.get("download_button")]
-    assert labels == [
-        f"Download CSV ({len(expected.requests):,} requests)",
-        "Download Perfetto JSON (1 requests)",
-    ]
-    at.radio(key="perfetto_scope").set_value("all").run()
+    assert labels == ["Download CSV (1 requests)", "Download Perfetto JSON (1 requests)"]
+    assert at.dataframe[0].value["trace_id"].tolist() == [req.trace_id]
+    at.radio(key="export_scope").set_value("slowest 50").run()
+    slowest = {r.trace_id for r in expected.slowest(50)}
+    assert set(at.dataframe[0].value["trace_id"]) == slowest
     labels = [b.proto.label for b in at.get("download_button")]
-    assert labels[1] == f"Download Perfetto JSON ({len(expected.requests):,} requests)"
+    assert labels == ["Download CSV (50 requests)", "Download Perfetto JSON (50 requests)"]
+    at.radio(key="export_scope").set_value("all").run()
+    n = len(expected.requests)
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert labels == [f"Download CSV ({n:,} requests)", f"Download Perfetto JSON ({n:,} requests)"]
+
+
+def test_export_csv_rows_of_the_chosen_requests(expected):
+    table = pd.DataFrame(expected.table())
+    few = [r.trace_id for r in expected.requests[40:2:-9]]  # not in the table's order
+    rows = export.rows_of(table, few)
+    assert rows["trace_id"].tolist() == [t for t in table["trace_id"] if t in set(few)]
+    frame = pd.read_csv(io.BytesIO(export.table_csv(rows)))
+    assert frame["trace_id"].tolist() == rows["trace_id"].tolist()
+    assert list(frame.columns) == list(table.columns)
+    assert export.rows_of(table, None) is table and export.rows_of(table, []).empty
 
 
 def test_export_perfetto_through_the_index_keeps_no_span_views(traces, expected):
@@ -175,38 +193,39 @@ def test_export_page_offers_a_time_window_and_caps_one_file(app, traces, expecte
     minute); more than `PERFETTO_MAX` in one file are refused with the CLI command that
     streams them, never built in the server's memory."""
     at = app(traces=traces[0], page="views/export.py")
-    at.radio(key="perfetto_scope").set_value("a time window").run()
+    at.radio(key="export_scope").set_value("a time window").run()
     no_exception(at)
     table = pd.DataFrame(expected.table())
     width, starts = export.window_buckets(table)
     if len(starts) == 1:  # the run within one minute, by the clock: no slider to slide
         assert not at.get("select_slider")
     else:
-        assert at.select_slider(key="perfetto_window").value == (starts[-1], starts[-1])
+        assert at.select_slider(key="export_window").value == (starts[-1], starts[-1])
     for first, last in ((starts[-1], starts[-1]), (starts[0], starts[-1])):
         if len(starts) > 1:
-            at.select_slider(key="perfetto_window").set_value((first, last)).run()
+            at.select_slider(key="export_window").set_value((first, last)).run()
         n = len(export.window_ids(table, first, last + width))
         assert any(c.value.startswith(f"{n:,} requests arrived from ") for c in at.caption)
-        button = at.get("download_button")[1].proto
+        csv, button = (b.proto for b in at.get("download_button"))
         assert button.label == f"Download Perfetto JSON ({n:,} requests)"
+        assert csv.label == f"Download CSV ({n:,} requests)"
         assert not button.disabled
     assert n == len(expected.requests)  # the whole run's minutes
 
     monkeypatch.setattr(export, "PERFETTO_MAX", 10)
-    at.radio(key="perfetto_scope").set_value("all").run()
+    at.radio(key="export_scope").set_value("all").run()
     no_exception(at)
-    button = at.get("download_button")[1].proto
-    assert button.disabled
+    csv, button = (b.proto for b in at.get("download_button"))
+    assert button.disabled and not csv.disabled  # a CSV of every request is cheap
     assert any(
         f"tracedpush report --traces {traces[0]}" in w.value and "at most 10 " in w.value
         for w in at.warning
     )
-    at.radio(key="perfetto_scope").set_value("slowest 50").run()
+    at.radio(key="export_scope").set_value("slowest 50").run()
     assert at.get("download_button")[1].proto.disabled  # 50 > 10 too
-    at.radio(key="perfetto_scope").set_value("a time window").run()
+    at.radio(key="export_scope").set_value("a time window").run()
     if len(starts) > 1:
-        at.select_slider(key="perfetto_window").set_value((starts[0], starts[-1])).run()
+        at.select_slider(key="export_window").set_value((starts[0], starts[-1])).run()
     assert at.get("download_button")[1].proto.disabled  # the whole run's minutes
     since = export._iso(starts[0])
     assert any(f"--since {since} --until " in w.value for w in at.warning)
@@ -217,7 +236,7 @@ def test_export_window_of_a_run_within_one_minute(app, tmp_path):
     start = (time.time() // 60 - 5) * 60 + 5  # 5 s into a minute, 5 minutes ago
     generate(6, seed=3, start_unix_s=start).write(tmp_path)
     at = app(traces=tmp_path, page="views/export.py")
-    at.radio(key="perfetto_scope").set_value("a time window").run()
+    at.radio(key="export_scope").set_value("a time window").run()
     no_exception(at)
     assert not at.get("select_slider")
     assert any(c.value.startswith("6 requests arrived from ") for c in at.caption)
@@ -227,4 +246,7 @@ def test_export_window_of_a_run_within_one_minute(app, tmp_path):
 def test_export_without_selection_says_so(app, traces):
     at = app(traces=traces[0], page="views/export.py")
     no_exception(at)
+    assert at.radio(key="export_scope").value == "all"  # nothing selected: all by default
+    at.radio(key="export_scope").set_value("selected request").run()
     assert any("No request selected" in i.value for i in at.info)
+    assert [b.proto.disabled for b in at.get("download_button")] == [True, True]

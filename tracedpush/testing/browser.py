@@ -127,7 +127,8 @@ def wait_rendered(driver: Any, *, charts: int = 1, timeout: float = 60.0) -> flo
 _SELECT = """
 const [gd, c, i] = (function () { %s }).apply(null, arguments);
 if (!gd || !gd._ev || gd._ev.listeners('plotly_selected').length === 0) return null;
-const t = gd.data[c];
+const t = (gd.data || [])[c];
+if (!t || !t.customdata) return null;  // redrawing (e.g. after a resize): not yet
 const custom = Array.from(t.customdata[i]);
 gd.emit('plotly_selected', {points: [{curveNumber: c, pointNumber: i, pointIndex: i,
     x: t.x[i], y: t.y[i], customdata: custom, data: t, fullData: gd._fullData[c]}]});
@@ -142,7 +143,8 @@ def select_point(driver: Any, find: str, *args: Any, timeout: float = 30.0) -> l
     ``find`` is the body of a JavaScript function that returns ``[gd, curveNumber,
     pointIndex]`` (``args`` are its ``arguments``). The event is emitted only once the
     chart listens for it: react-plotly attaches its handlers after the SVG is drawn, so
-    an event emitted at once can go to nobody on a busy machine."""
+    an event emitted at once can go to nobody on a busy machine. A chart being drawn
+    again (a window resize) has no data for a moment: also waited for."""
     deadline = time.monotonic() + timeout
     while True:
         custom = driver.execute_script(_SELECT % find, *args)
