@@ -155,10 +155,12 @@ def test_export_offers_a_time_window(served, driver, expected):
 
     driver.get(f"{served.url}/export")
     browser.wait_rendered(driver, charts=0, timeout=120)
-    option = driver.find_element(
-        By.XPATH, "//*[@data-testid='stRadio']//label[contains(., 'a time window')]"
-    )
-    option.click()
+    # "not running" is also the state before the first run: wait for the page itself
+    where = "//*[@data-testid='stRadio']//label[contains(., 'a time window')]"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not driver.find_elements(By.XPATH, where):
+        time.sleep(0.1)
+    driver.find_element(By.XPATH, where).click()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and "requests arrived from" not in driver.page_source:
         time.sleep(0.1)

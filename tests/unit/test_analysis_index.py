@@ -434,6 +434,40 @@ def test_the_json_report_is_written_a_batch_at_a_time(
     idx.close()
 
 
+@pytest.mark.parametrize("spans", [False, True])
+def test_the_json_report_on_every_core_is_the_same_bytes(
+    tmp_path: Path, skewed: synthetic.SyntheticRun, monkeypatch: pytest.MonkeyPatch, spans: bool
+) -> None:
+    """Requests made and encoded in forked processes, a batch each (`LazyRequests.mapped`),
+    give `write_json`'s bytes in one process, the same progress, and leave the parent
+    holding none of them; the children open their own connections to the index."""
+    d = tmp_path / "traces"
+    skewed.write(d)
+    idx = AnalysisIndex([d], index_dir=tmp_path / "index")
+    run = idx.update()
+    idx.span_db(0), idx._connect()  # open in the parent: not to be used by a child
+    if spans:
+        run.with_requests(idx.with_spans(run.requests))
+    assert isinstance(run.requests, LazyRequests)
+    monkeypatch.setattr(report_json, "PARALLEL_STEP", 9)  # many batches, the last short
+    monkeypatch.setattr(report_json, "PROGRESS_EVERY", 18)
+    told: dict[int, list[tuple[int, int]]] = {1: [], 2: []}
+    out = {}
+    for workers in (1, 2):
+        buf = io.StringIO()
+        write_json(
+            run, buf, spans=spans, workers=workers, progress=lambda *a, w=workers: told[w].append(a)
+        )
+        out[workers] = buf.getvalue()
+    assert out[2] == out[1]
+    n = len(run.requests)
+    assert told[2] == told[1] == [(k, n) for k in (*range(18, n, 18), n)]
+    assert run.requests.loaded == 0
+    assert out[2] == json.dumps(run_json(run, spans=spans), indent=1)
+    assert report_json.export_workers(report_json.PARALLEL_MIN - 1) == 1
+    idx.close()
+
+
 def test_the_perfetto_report_is_written_a_request_at_a_time(
     tmp_path: Path, skewed: synthetic.SyntheticRun
 ) -> None:

@@ -46,6 +46,7 @@ import pickle
 import sqlite3
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -110,6 +111,24 @@ _COMPACT_AFTER = 16  # record segments before they are merged into one
 # a Live index writes its engine steps (and their contention) when an update brings
 # nothing, and at least this often while spans keep coming (`close` writes them too)
 STEPS_WRITE_S = 300.0
+# Every index of this process, for `_forget_connections` in a forked child.
+_OPEN: weakref.WeakSet[AnalysisIndex] = weakref.WeakSet()
+_INHERITED: list[Any] = []  # a forked child's inherited connections, never used nor closed
+
+
+def _forget_connections() -> None:
+    """In a forked child (`forked.ordered_map`, the cold build's workers): every index
+    opens its own SQLite connections again, on first use. One carried across a fork
+    must not be used (sqlite.org/howtocorrupt.html, 2.6), nor closed: closing what it
+    takes for the last connection may checkpoint and remove the WAL the parent still
+    reads. Each is kept, untouched, until the child exits (`os._exit`: no finalizer)."""
+    for idx in list(_OPEN):
+        _INHERITED.append((idx._db, idx._span_dbs))
+        idx._db, idx._span_dbs = None, {}
+
+
+os.register_at_fork(after_in_child=_forget_connections)
+
 # what a Live refresh (the console's) analyses again at most when the clock offsets move
 # (`AnalysisIndex.update`): 1-2 s of one core, where all of a 200,000-request run's took
 # a minute and more
@@ -223,6 +242,7 @@ class AnalysisIndex:
         self.last_rows_written = 0  # traces whose facts, row or TPOT the last update wrote
         self._budget: int | None = None  # `update`'s reanalyse_at_most
         self._left: set[str] = set()  # the traces the last update left behind
+        _OPEN.add(self)
 
     # ------------------------------------------------------------------ storage
     def _connect(self) -> sqlite3.Connection:

@@ -6,10 +6,12 @@ A renderer, beside `report` (text) and `perfetto`: it reads the analysis' data
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
+from tracedpush.analysis import forked
 from tracedpush.analysis.compare import compare
 from tracedpush.analysis.model import round_ms
 from tracedpush.analysis.results import LazyRequests, RequestAnalysis, RunAnalysis
@@ -86,27 +88,59 @@ def write_json(
     *,
     spans: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    workers: int | None = None,
 ) -> None:
     """Write ``json.dumps(run_json(run, spans=spans), indent=1)`` to `out`, its requests
     a batch at a time (`LazyRequests.stream`): the report of a whole big run without its
     requests, their dicts or the text held at once (200,000 requests: 9.1 GB that way,
-    1.1 GB this way). `progress(written, total)`: after every `PROGRESS_EVERY` requests
-    and the last."""
+    1.1 GB this way). Requests the analysis index makes are made and encoded on
+    `workers` cores (default: `export_workers`), a batch each in a forked process
+    (`LazyRequests.mapped`). `progress(written, total)`: after every `PROGRESS_EVERY`
+    requests and the last."""
     head, tail = json.dumps(_document(run, _REQUESTS), indent=1).split(json.dumps(_REQUESTS))
     out.write(head)
     requests = run.requests
-    each = requests.stream() if isinstance(requests, LazyRequests) else iter(requests)
-    sep = "[\n  "
-    for n, r in enumerate(each, 1):  # an item of the list at depth 2, as `json.dumps` has it
-        out.write(sep + indented(request_json(r, spans=spans)).replace("\n", "\n  "))
-        sep = ",\n  "
-        if progress is not None and (n % PROGRESS_EVERY == 0 or n == len(requests)):
-            progress(n, len(requests))
+    total = len(requests)
+    parts: Iterable[tuple[int, str]]
+    if workers is None:
+        workers = export_workers(total)
+    if isinstance(requests, LazyRequests) and workers > 1:
+        texts = functools.partial(_texts, spans=spans)
+        parts = requests.mapped(texts, workers, step=min(PARALLEL_STEP, PROGRESS_EVERY))
+    else:
+        each = requests.stream() if isinstance(requests, LazyRequests) else iter(requests)
+        parts = ((1, _texts([r], spans=spans)) for r in each)
+    sep, done = "[\n  ", 0
+    for n, text in parts:
+        if n:  # an item of the list at depth 2, as `json.dumps` has it
+            out.write(sep + text)
+            sep = ",\n  "
+        before, done = done, done + n
+        if progress is not None and (
+            done // PROGRESS_EVERY > before // PROGRESS_EVERY or done == total
+        ):
+            progress(done, total)
     out.write("[]" if sep.startswith("[") else "\n ]")
     out.write(tail)
 
 
+def export_workers(requests: int) -> int:
+    """Cores for writing `requests` made by the analysis index: every core, from
+    `PARALLEL_MIN` requests (fewer take under a few seconds on one)."""
+    return forked.cores() if requests >= PARALLEL_MIN else 1
+
+
+def _texts(requests: list[RequestAnalysis], *, spans: bool) -> str:
+    """The requests as items of the report's list (at depth 2), without the separator
+    before the first."""
+    return ",\n  ".join(
+        indented(request_json(r, spans=spans)).replace("\n", "\n  ") for r in requests
+    )
+
+
 PROGRESS_EVERY = 10_000  # requests between two `write_json` progress calls (about 4 s)
+PARALLEL_MIN = 5_000  # requests from which `write_json` makes them on every core
+PARALLEL_STEP = 2_000  # requests a forked worker makes and encodes at a time (about 7 MB)
 # where `write_json` puts the requests, written one by one (a string no report holds)
 _REQUESTS = "\0requests\0"
 

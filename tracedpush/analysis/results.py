@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from tracedpush.analysis import forked
 from tracedpush.analysis.failures import Failure, FailureSummary, _missing_spans, summarize
 from tracedpush.analysis.model import ClockOffset, LoadStats, Segment, SpanView
 from tracedpush.analysis.sampling import Sampling
@@ -18,6 +19,8 @@ from tracedpush.analysis.sampling import summarize as summarize_sampling
 if TYPE_CHECKING:
     from tracedpush.analysis.contention import Contention
     from tracedpush.analysis.steps import EngineSteps
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -147,13 +150,30 @@ class LazyRequests(Sequence["RequestAnalysis"]):
         export of the whole run, which iterating (`__iter__` keeps each) would hold at
         once (200,000 results: gigabytes). `step`: as many at a time (default: the
         constructor's)."""
-        step = step or self._step
-        for lo in range(0, len(self._items), step):
-            positions = range(lo, min(lo + step, len(self._items)))
-            todo = [i for i in positions if self._items[i] is None]
-            made = dict(zip(todo, self._passing(todo), strict=True)) if todo else {}
-            for i in positions:
-                yield made[i] if i in made else self._items[i]  # type: ignore[misc]
+        for positions in self._batches(step or self._step):
+            yield from self._passed(positions)
+
+    def mapped(
+        self, fn: Callable[[list[RequestAnalysis]], T], workers: int, step: int | None = None
+    ) -> Iterator[tuple[int, T]]:
+        """(how many, ``fn(batch)``) for every batch of `step` requests, in order, as
+        `stream` makes them; batches are made and mapped in `workers` forked processes
+        (`forked.ordered_map`; this one when `workers` <= 1). For an export of the whole
+        run that only needs what `fn` returns (its text), on every core."""
+
+        def job(positions: range) -> tuple[int, T]:
+            return len(positions), fn(self._passed(positions))
+
+        return forked.ordered_map(job, self._batches(step or self._step), workers)
+
+    def _batches(self, step: int) -> list[range]:
+        return [range(lo, min(lo + step, len(self._items))) for lo in range(0, len(self), step)]
+
+    def _passed(self, positions: range) -> list[RequestAnalysis]:
+        """The requests at `positions`, those not loaded made by `passing` (not kept)."""
+        todo = [i for i in positions if self._items[i] is None]
+        made = dict(zip(todo, self._passing(todo), strict=True)) if todo else {}
+        return [made[i] if i in made else self._items[i] for i in positions]  # type: ignore[misc]
 
     @property
     def loaded(self) -> int:
