@@ -14,6 +14,8 @@ import pickle
 import re
 import shutil
 import sqlite3
+import threading
+import time
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,7 @@ from tracedpush.analysis import (
 )
 from tracedpush.analysis.columns import RunColumns
 from tracedpush.analysis.index import INDEX_DIRNAME, AnalysisIndex, index_run
-from tracedpush.analysis.index_store import SHARDS, open_span_db
+from tracedpush.analysis.index_store import SHARDS, open_span_db, wal
 from tracedpush.analysis.report_json import write_json
 from tracedpush.analysis.results import LazyRequests, RunAnalysis
 from tracedpush.analysis.timeline import TraceIndex
@@ -443,7 +445,8 @@ def test_the_json_report_on_every_core_is_the_same_bytes(
     holding none of them; the children open their own connections to the index."""
     d = tmp_path / "traces"
     skewed.write(d)
-    idx = AnalysisIndex([d], index_dir=tmp_path / "index")
+    # a cold build by forked workers: shards left out of WAL, which two readers switch
+    idx = AnalysisIndex([d], index_dir=tmp_path / "index", parallel=True)
     run = idx.update()
     idx.span_db(0), idx._connect()  # open in the parent: not to be used by a child
     if spans:
@@ -466,6 +469,36 @@ def test_the_json_report_on_every_core_is_the_same_bytes(
     assert out[2] == json.dumps(run_json(run, spans=spans), indent=1)
     assert report_json.export_workers(report_json.PARALLEL_MIN - 1) == 1
     idx.close()
+
+
+def test_wal_waits_for_the_file_instead_of_failing(tmp_path: Path) -> None:
+    """Switching a database to WAL needs it alone; a connection that may not wait (SQLite
+    fails one of two switching together at once) tries again until the other is done."""
+    path = tmp_path / "shard.sqlite"
+    with closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("CREATE TABLE t (x)")
+        db.execute("INSERT INTO t VALUES (1)")
+    reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    reader.execute("BEGIN")
+    reader.execute("SELECT * FROM t").fetchall()  # holds the file shared
+    eager = sqlite3.connect(path, timeout=0)  # no busy wait: fails at once, as in the race
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        eager.execute("PRAGMA journal_mode=WAL")
+    threading.Timer(0.3, reader.execute, ("COMMIT",)).start()
+    started = time.monotonic()
+    wal(eager)
+    assert time.monotonic() - started >= 0.25
+    assert eager.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    held = sqlite3.connect(tmp_path / "held.sqlite", isolation_level=None)
+    held.execute("CREATE TABLE t (x)")
+    held.execute("BEGIN EXCLUSIVE")  # never let go: it gives up when told
+    with (
+        closing(sqlite3.connect(tmp_path / "held.sqlite", timeout=0)) as other,
+        pytest.raises(sqlite3.OperationalError, match="locked"),
+    ):
+        wal(other, wait_s=0.2)
+    held.close()
+    eager.close(), reader.close()
 
 
 def test_the_perfetto_report_is_written_a_request_at_a_time(

@@ -78,6 +78,7 @@ from tracedpush.analysis.index_store import (
     remove_span_db,
     shard_of,
     unpack,
+    wal,
 )
 from tracedpush.analysis.load import FileSource, _FileState
 from tracedpush.analysis.model import ClockOffset, LoadStats, Resource, Span
@@ -251,7 +252,7 @@ class AnalysisIndex:
             db = sqlite3.connect(
                 self.dir / _DB, isolation_level=None, check_same_thread=not self.threads
             )
-            db.execute("PRAGMA journal_mode=WAL")
+            wal(db)
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v BLOB)")
             db.execute("CREATE TABLE IF NOT EXISTS kept (seg INTEGER PRIMARY KEY, v BLOB)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import marshal
 import sqlite3
+import time
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
@@ -83,11 +84,29 @@ def open_span_db(
         db.execute("PRAGMA journal_mode=OFF")
         db.execute("PRAGMA synchronous=OFF")
     else:
-        db.execute("PRAGMA journal_mode=WAL")
+        wal(db)
         db.execute("PRAGMA synchronous=NORMAL")
     db.execute("CREATE TABLE IF NOT EXISTS spans (tid TEXT PRIMARY KEY, v BLOB)")
     db.execute("CREATE TABLE IF NOT EXISTS results (tid TEXT PRIMARY KEY, v BLOB)")
     return db
+
+
+def wal(db: sqlite3.Connection, wait_s: float = 30.0) -> None:
+    """Put `db` in WAL mode, waiting up to `wait_s` for other connections. A shard a cold
+    build just wrote (journal off, not WAL) is switched by the first reader, which needs
+    the file to itself. Two connections switching it together each hold it shared and
+    wait for the other, so SQLite fails one at once ("database is locked", its busy
+    timeout unused): the two processes of a JSON export did, right after a cold build.
+    The one that failed switches (or finds WAL) when it tries again."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def remove_db(path: Path) -> None:
