@@ -616,10 +616,12 @@ def requests_scatter(
     y: str = "ttft_ms",
     x_title: str | None = None,
     y_title: str | None = None,
+    log_y: bool = False,
 ) -> go.Figure:
     """One point per request with a `y` value (click one to open its timeline), at most
     `MAX_POINTS` a mode (`drawn`). ``table`` is RunAnalysis.table() as a DataFrame; points
-    carry their trace id in customdata. `x` `ARRIVAL` (unix ms) is drawn as UTC dates."""
+    carry their trace id in customdata. `x` `ARRIVAL` (unix ms) is drawn as UTC dates;
+    `log_y`: y on a log axis (latencies span decades; Plotly leaves out values <= 0)."""
     fig = go.Figure()
     if table is None or len(table) == 0 or y not in table or x not in table:
         return _empty("no requests")
@@ -654,6 +656,8 @@ def requests_scatter(
     )
     if x == ARRIVAL:  # Plotly reads numbers on a date axis as ms since the epoch, UTC
         fig.update_xaxes(type="date")
+    if log_y:
+        fig.update_yaxes(type="log")
     return fig
 
 

@@ -62,13 +62,14 @@ def overview_figures(snap: Snapshot, stat: str) -> dict[str, Any]:
     }
 
 
-def requests_figure(snap: Snapshot, x: str, y: str) -> Any:
-    """The Requests page's scatter of `y` against `x` (table columns), once per snapshot."""
+def requests_figure(snap: Snapshot, x: str, y: str, log_y: bool = False) -> Any:
+    """The Requests page's scatter of `y` against `x` (table columns), `y` on a log axis
+    if `log_y`, once per snapshot."""
     return figure(
         snap,
-        ("requests", x, y),
+        ("requests", x, y, log_y),
         lambda: charts.requests_scatter(
-            snap.table, x, y, REQUEST_AXES.get(x), request_measures(snap).get(y)
+            snap.table, x, y, REQUEST_AXES.get(x), request_measures(snap).get(y), log_y
         ),
     )
 

@@ -29,7 +29,7 @@ if not len(table):
     st.stop()
 
 measures = derived.request_measures(snap)
-left, right = st.columns(2)
+left, right, scale = st.columns([2, 2, 1], vertical_alignment="bottom")
 y = left.selectbox("Measure (y)", list(measures), format_func=measures.get, key="requests_y")
 x = right.selectbox(
     "Against (x)",
@@ -37,7 +37,8 @@ x = right.selectbox(
     format_func=derived.REQUEST_AXES.get,
     key="requests_x",
 )
-scatter = derived.requests_figure(snap, x, y)
+log_y = scale.toggle("Log scale (y)", key="requests_log", help="0 ms is not drawn on it")
+scatter = derived.requests_figure(snap, x, y, log_y)
 st.plotly_chart(
     scatter,
     key="requests",

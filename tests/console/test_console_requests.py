@@ -59,6 +59,17 @@ def test_a_phase_against_arrival(app, traces, expected: RunAnalysis):
     assert "left out" in caption
 
 
+def test_a_log_scale_for_the_measure(app, traces):
+    at = app(traces=traces[0], page=PAGE)
+    linear = figure(at, "requests")
+    assert linear["layout"]["yaxis"].get("type") != "log"
+    at.toggle(key="requests_log").set_value(True).run()
+    no_exception(at)
+    logged = figure(at, "requests")
+    assert logged["layout"]["yaxis"]["type"] == "log"
+    assert _points(logged) == _points(linear)
+
+
 def test_the_largest_requests_by_the_measure(app, traces, expected: RunAnalysis):
     at = app(traces=traces[0], page=PAGE)
     at.selectbox(key="requests_y").set_value("tpot_ms")
