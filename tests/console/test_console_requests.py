@@ -8,7 +8,7 @@ import math
 import pytest
 
 from tracedpush.analysis.results import RunAnalysis
-from tracedpush.testing.console import figure, no_exception, traces_of
+from tracedpush.testing.console import figure, kinds, no_exception, traces_of
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 PAGE = "views/requests.py"
@@ -87,13 +87,6 @@ def test_the_largest_requests_by_the_measure(app, traces, expected: RunAnalysis)
 def test_the_overview_links_to_it_and_draws_no_scatter(app, traces):
     at = app(traces=traces[0])
     no_exception(at)
-    kinds = {(t.get("meta") or {}).get("kind") for f in _figures(at) for t in f["data"]}
-    assert "requests" not in kinds
+    assert "requests" not in kinds(at) and "latency_by_load" in kinds(at)
     (link,) = [e for e in at.get("page_link") if "requests" in e.proto.page]
     assert "Every request" in link.proto.label
-
-
-def _figures(at) -> list[dict]:
-    import json
-
-    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]

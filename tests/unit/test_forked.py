@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -80,3 +83,37 @@ def test_an_index_in_a_child_opens_its_own_connections(tmp_path: Path):
     assert idx._db is parent_db and idx.span_db(0) is parent_shard
     assert parent_db.execute("SELECT count(*) FROM meta").fetchone()[0] > 0
     idx.close()
+
+
+_CTRL_C = """
+import sys, time
+from tracedpush.analysis import forked
+
+def slow(x):
+    time.sleep(0.05)
+    return x
+
+for i, _ in enumerate(forked.ordered_map(slow, range(100_000), 2)):
+    if i == 3:
+        print("started", flush=True)
+"""
+
+
+def test_ctrl_c_is_the_parents_alone_and_ends_the_children():
+    """A terminal sends SIGINT to the whole process group: the children ignore it (each
+    printed a traceback before), the parent stops and ends them; none is left."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CTRL_C],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's job
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "started\n"
+    os.killpg(proc.pid, signal.SIGINT)
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    assert "ForkPoolWorker" not in err
+    left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True)
+    assert left.stdout.split() == []

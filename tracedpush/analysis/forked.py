@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -38,8 +39,9 @@ def can_fork() -> bool:
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Iterator[R]:
     """``map(fn, items)``, with `fn` run in `workers` forked processes (in this one when
     `workers` <= 1 or fork is not available). The children are forked when the first
-    result is asked for, so they see this process as it is then. Stopping early (or an
-    error in `fn`, raised here) ends the children."""
+    result is asked for, so they see this process as it is then. Stopping early (an
+    error in `fn`, raised here, or Ctrl-C, which only this process takes) ends the
+    children."""
     if workers <= 1 or not can_fork():
         yield from map(fn, items)
         return
@@ -48,7 +50,7 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Itera
         raise RuntimeError("ordered_map is already running in this process")
     _JOB = fn
     try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
+        with multiprocessing.get_context("fork").Pool(workers, _quiet) as pool:
             todo = iter(items)
             pending: deque[Any] = deque()
             for item in todo:
@@ -63,6 +65,12 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Itera
                 yield got
     finally:
         _JOB = None
+
+
+def _quiet() -> None:
+    """A child leaves Ctrl-C to the parent, which ends it (a terminal sends SIGINT to
+    the whole process group: each child printed its own traceback)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _run(item: Any) -> Any:

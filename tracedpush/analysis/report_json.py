@@ -95,8 +95,9 @@ def write_json(
     requests, their dicts or the text held at once (200,000 requests: 9.1 GB that way,
     1.1 GB this way). Requests the analysis index makes are made and encoded on
     `workers` cores (default: `export_workers`), a batch each in a forked process
-    (`LazyRequests.mapped`). `progress(written, total)`: after every `PROGRESS_EVERY`
-    requests and the last."""
+    (`LazyRequests.mapped`): call it with more than one from a process without threads
+    (the CLI's; not the console's server). `progress(written, total)`: after every
+    `PROGRESS_EVERY` requests and the last."""
     head, tail = json.dumps(_document(run, _REQUESTS), indent=1).split(json.dumps(_REQUESTS))
     out.write(head)
     requests = run.requests
