@@ -5,8 +5,9 @@ from __future__ import annotations
 import io
 import shlex
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import numpy as np
 import pandas as pd
@@ -61,10 +62,24 @@ def window_buckets(table: pd.DataFrame) -> tuple[int, list[int]]:
     return width, starts.tolist()
 
 
-def bucket_label(start_s: int, width: int) -> str:
-    """A bucket's start in UTC, to its width's precision ("2026-12-04 03:34")."""
-    when = datetime.fromtimestamp(start_s, tz=UTC)
-    return when.strftime("%Y-%m-%d" if width >= 86_400 else "%Y-%m-%d %H:%M")
+def zone(name: str | None) -> tzinfo:
+    """The time zone the browser reports (`st.context.timezone`, an IANA name); UTC when
+    it reports none or one this machine does not know."""
+    try:
+        return ZoneInfo(name) if name else UTC
+    except (ZoneInfoNotFoundError, ValueError):
+        return UTC
+
+
+def zone_name(tz: tzinfo) -> str:
+    return "UTC" if tz is UTC else str(tz)
+
+
+def bucket_label(start_s: int, width: int, tz: tzinfo = UTC) -> str:
+    """A bucket's start in `tz`, to its width's precision ("2026-12-04 03:34"; a UTC
+    day's date only in UTC, elsewhere it starts at some local time)."""
+    when = datetime.fromtimestamp(start_s, tz=tz)
+    return when.strftime("%Y-%m-%d" if width >= 86_400 and tz is UTC else "%Y-%m-%d %H:%M")
 
 
 def window_ids(table: pd.DataFrame, from_s: float, to_s: float) -> list[str]:

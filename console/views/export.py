@@ -33,21 +33,23 @@ elif choice == "slowest 50":
     ids = [r.trace_id for r in run.slowest(50)]
 elif choice == "a time window":
     width, starts = export.window_buckets(snap.table)
+    tz = export.zone(st.context.timezone)  # the browser's; UTC if it says none
     if starts:
         first = last = starts[0]  # a run within one bucket: no slider to slide
         if len(starts) > 1:
             first, last = st.select_slider(
-                f"Arrived (UTC, by {export.WINDOW_WIDTHS_S[width]})",
+                f"Arrived ({export.zone_name(tz)}, by {export.WINDOW_WIDTHS_S[width]})",
                 options=starts,
                 value=(starts[-1], starts[-1]),  # the run's last bucket
-                format_func=lambda s: export.bucket_label(s, width),
+                format_func=lambda s: export.bucket_label(s, width, tz),
                 key="export_window",
             )
         window = (first, last + width)
         ids = export.window_ids(snap.table, *window)
         st.caption(
-            f"{len(ids):,} requests arrived from {export.bucket_label(first, width)} to "
-            f"{export.bucket_label(last + width, width)} UTC (the end excluded)."
+            f"{len(ids):,} requests arrived from {export.bucket_label(first, width, tz)} to "
+            f"{export.bucket_label(last + width, width, tz)} {export.zone_name(tz)} (the end "
+            "excluded)."
         )
     else:
         ids = []

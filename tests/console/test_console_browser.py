@@ -7,10 +7,13 @@ from __future__ import annotations
 import os
 import re
 import time
+from datetime import UTC, datetime, timedelta
 
+import pandas as pd
 import pytest
 from conftest import ARTIFACTS
 
+from tracedpush.console import export
 from tracedpush.testing import browser
 from tracedpush.testing.console_server import ConsoleServer
 
@@ -150,7 +153,26 @@ def test_other_pages_render(served, driver, page):
 
 def test_export_offers_a_time_window(served, driver, expected):
     """In the browser too, "a time window" says which requests it takes (the run's last
-    minute) and offers them, without an exception."""
+    minute), in the browser's time zone, and offers them, without an exception."""
+    # a browser in India: the window is shown in its time zone (UTC +5:30)
+    driver.execute_cdp_cmd("Emulation.setTimezoneOverride", {"timezoneId": "Asia/Kolkata"})
+    try:
+        text, n = _export_window(served, driver)
+    finally:
+        driver.execute_cdp_cmd("Emulation.setTimezoneOverride", {"timezoneId": ""})
+    assert 0 < n <= len(expected.requests)
+    assert f"{n} requests arrived from " in text
+    width, starts = export.window_buckets(pd.DataFrame(expected.table()))
+    end_utc = datetime.fromtimestamp(starts[-1] + width, tz=UTC)  # the last bucket's end
+    kolkata = (end_utc + timedelta(hours=5, minutes=30)).strftime("%Y-%m-%d %H:%M")
+    shown = re.search(r" to (\S+ \S+) (\S+) \(the end excluded\)", text)
+    assert shown is not None and shown.group(1) == kolkata
+    assert shown.group(2) in ("Asia/Kolkata", "Asia/Calcutta")  # Chromium says the old name
+
+
+def _export_window(served, driver) -> tuple[str, int]:
+    """Choose "a time window" on the Export page: (the page's text, the requests the
+    Perfetto button offers)."""
     from selenium.webdriver.common.by import By
 
     driver.get(f"{served.url}/export")
@@ -170,6 +192,5 @@ def test_export_offers_a_time_window(served, driver, expected):
         b.text for b in driver.find_elements(By.CSS_SELECTOR, "[data-testid='stDownloadButton']")
     ]
     n = int(re.search(r"Perfetto JSON \((\d+) requests\)", " ".join(buttons)).group(1))
-    assert 0 < n <= len(expected.requests)
-    assert f"{n} requests arrived from " in driver.find_element(By.TAG_NAME, "main").text
     browser.screenshot(driver, ARTIFACTS / "console-export-window.png")
+    return driver.find_element(By.TAG_NAME, "main").text, n
