@@ -642,8 +642,7 @@ def requests_scatter(
                     "%{customdata[0]}<br>" + x_title + " %{x}<br>" + y_title + " %{y:.1f}"
                     "<br>load %{customdata[1]}<extra>" + str(mode) + "</extra>"
                 ),
-                meta={"kind": "requests", "mode": str(mode), "of": len(every), "x": x,
-                      "y": y},
+                meta={"kind": "requests", "mode": str(mode), "of": len(every)},
             )
         )  # fmt: skip
     fig.update_layout(

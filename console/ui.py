@@ -165,6 +165,14 @@ def follow_click(key: str) -> None:
         st.session_state["_goto_timeline"] = trace_id
 
 
+def follow_row(key: str, ids: list[str]) -> None:
+    """on_select callback for a table whose rows are the requests `ids`: open the
+    selected row's timeline."""
+    rows = st.session_state[key].selection.rows
+    if rows:
+        st.session_state["_goto_timeline"] = ids[rows[0]]
+
+
 def goto_timeline_if_clicked() -> None:
     """Switch pages after a click (st.switch_page cannot run inside a callback)."""
     trace_id = st.session_state.pop("_goto_timeline", None)

@@ -19,12 +19,6 @@ except ImportError:  # pragma: no cover - an analysis without TPOT attribution
 FAILED_TABLE = "failed_requests"
 
 
-def _open_failed(ids: list[str]) -> None:
-    rows = st.session_state[FAILED_TABLE].selection.rows
-    if rows:
-        st.session_state["_goto_timeline"] = ids[rows[0]]
-
-
 def _counts(counts: dict[str, int]) -> str:
     return " · ".join(f"`{name}` {n:,}" for name, n in counts.items())
 
@@ -43,7 +37,7 @@ def failed_requests(found: Any, frame: pd.DataFrame) -> None:
             "timeline": st.column_config.LinkColumn("timeline", display_text="open"),
             "message": st.column_config.TextColumn("message", width="large"),
         },
-        on_select=lambda: _open_failed(ids),
+        on_select=lambda: ui.follow_row(FAILED_TABLE, ids),
         selection_mode="single-row",
         key=FAILED_TABLE,
     )

@@ -13,12 +13,6 @@ from tracedpush.console import charts, derived, ui
 LARGEST_TABLE = "largest_requests"
 
 
-def _open_row(ids: list[str]) -> None:
-    rows = st.session_state[LARGEST_TABLE].selection.rows
-    if rows:
-        st.session_state["_goto_timeline"] = ids[rows[0]]
-
-
 ui.goto_timeline_if_clicked()
 snap = ui.snapshot()
 st.title("Requests")
@@ -72,7 +66,7 @@ st.dataframe(
         charts.ARRIVAL: st.column_config.DatetimeColumn("arrival (UTC)"),
         "timeline": st.column_config.LinkColumn("timeline", display_text="open"),
     },
-    on_select=lambda: _open_row(ids),
+    on_select=lambda: ui.follow_row(LARGEST_TABLE, ids),
     selection_mode="single-row",
     key=LARGEST_TABLE,
 )

@@ -167,7 +167,8 @@ class LazyRequests(Sequence["RequestAnalysis"]):
         return forked.ordered_map(job, self._batches(step or self._step), workers)
 
     def _batches(self, step: int) -> list[range]:
-        return [range(lo, min(lo + step, len(self._items))) for lo in range(0, len(self), step)]
+        n = len(self._items)
+        return [range(lo, min(lo + step, n)) for lo in range(0, n, step)]
 
     def _passed(self, positions: range) -> list[RequestAnalysis]:
         """The requests at `positions`, those not loaded made by `passing` (not kept)."""
