@@ -12,15 +12,16 @@ import math
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, tzinfo
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tracedpush import semconv as sc
 from tracedpush.analysis import phases as ph
+from tracedpush.console import zones
 from tracedpush.console.selection import mode_order
 
 MODE_COLORS = {"push": "#1f77b4", "pull": "#d62728", "unknown": "#7f7f7f"}
@@ -607,7 +608,7 @@ def drawn_note(fig: go.Figure, kind: str) -> str:
     )
 
 
-ARRIVAL = "start_unix_ms"  # the x axis that is a time: drawn on a date axis (UTC)
+ARRIVAL = "start_unix_ms"  # the x axis that is a time: drawn on a date axis (`zones`)
 
 
 def requests_scatter(
@@ -617,10 +618,11 @@ def requests_scatter(
     x_title: str | None = None,
     y_title: str | None = None,
     log_y: bool = False,
+    tz: tzinfo = UTC,
 ) -> go.Figure:
     """One point per request with a `y` value (click one to open its timeline), at most
     `MAX_POINTS` a mode (`drawn`). ``table`` is RunAnalysis.table() as a DataFrame; points
-    carry their trace id in customdata. `x` `ARRIVAL` (unix ms) is drawn as UTC dates;
+    carry their trace id in customdata. `x` `ARRIVAL` (unix ms) is drawn as dates in `tz`;
     `log_y`: y on a log axis (latencies span decades; Plotly leaves out values <= 0)."""
     fig = go.Figure()
     if table is None or len(table) == 0 or y not in table or x not in table:
@@ -631,7 +633,7 @@ def requests_scatter(
         rows = drawn(every, y)
         fig.add_trace(
             go.Scattergl(
-                x=rows[x].to_numpy(),
+                x=zones.wall_times(rows[x], tz) if x == ARRIVAL else rows[x].to_numpy(),
                 y=rows[y].to_numpy(),
                 mode="markers",
                 name=str(mode),
@@ -653,7 +655,7 @@ def requests_scatter(
         clickmode="event+select",
         dragmode="zoom",
     )
-    if x == ARRIVAL:  # Plotly reads numbers on a date axis as ms since the epoch, UTC
+    if x == ARRIVAL:
         fig.update_xaxes(type="date")
     if log_y:
         fig.update_yaxes(type="log")
@@ -796,9 +798,9 @@ def draw_phase_boxes(boxes: PhaseBoxes, columns: int = 4) -> go.Figure:
     return fig
 
 
-def window_ttft(table: Any, cap: int = MAX_POINTS) -> go.Figure:
-    """TTFT of each request in a time window against its arrival time (Live page), at
-    most `cap` points per mode (`drawn`). ``table``: the columns of `LIVE_COLUMNS`. Points
+def window_ttft(table: Any, cap: int = MAX_POINTS, tz: tzinfo = UTC) -> go.Figure:
+    """TTFT of each request in a time window against its arrival time in `tz` (Live
+    page), at most `cap` points per mode (`drawn`). ``table``: the columns of `LIVE_COLUMNS`. Points
     carry only the request id, for the hover (nothing on this chart opens a timeline),
     as a list: Plotly deep-copies an object array element by element."""
     fig = go.Figure()
@@ -809,7 +811,7 @@ def window_ttft(table: Any, cap: int = MAX_POINTS) -> go.Figure:
         rows = drawn(every, "ttft_ms", cap)
         fig.add_trace(
             go.Scattergl(
-                x=pd_to_datetime(rows["start_unix_ms"]),
+                x=zones.wall_times(rows["start_unix_ms"], tz),
                 y=rows["ttft_ms"].to_numpy(),
                 mode="markers",
                 name=str(mode),
@@ -822,13 +824,10 @@ def window_ttft(table: Any, cap: int = MAX_POINTS) -> go.Figure:
     fig.update_layout(
         height=320,
         margin={"l": 10, "r": 10, "t": 40, "b": 10},
+        xaxis_title=f"arrival ({zones.zone_name(tz)})",
         yaxis_title="TTFT (ms)",
     )
     return fig
-
-
-def pd_to_datetime(ms: Any) -> Any:
-    return pd.to_datetime(ms, unit="ms", utc=True).to_numpy()
 
 
 # --------------------------------------------------------------------------- accounts

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from datetime import UTC, tzinfo
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from tracedpush.console import charts
+from tracedpush.console import charts, zones
 from tracedpush.console.data import Snapshot
 
 # the Phases page's measures: label -> the Snapshot frame it reads (the first is the default)
@@ -34,7 +35,7 @@ DEFAULT_STAT = "p50"  # the Overview's statistic until a visitor picks another
 # the Requests page's x axes (table column -> label) and default axes
 REQUEST_AXES = {
     "prompt_tokens": "prompt tokens",
-    charts.ARRIVAL: "arrival (UTC)",
+    charts.ARRIVAL: "arrival",  # in the visitor's time zone (`axis_label`)
     "load": "load (requests in flight)",
     "output_tokens": "output tokens",
 }
@@ -62,16 +63,22 @@ def overview_figures(snap: Snapshot, stat: str) -> dict[str, Any]:
     }
 
 
-def requests_figure(snap: Snapshot, x: str, y: str, log_y: bool = False) -> Any:
+def requests_figure(snap: Snapshot, x: str, y: str, log_y: bool = False, tz: tzinfo = UTC) -> Any:
     """The Requests page's scatter of `y` against `x` (table columns), `y` on a log axis
-    if `log_y`, once per snapshot."""
+    if `log_y`, times in `tz`, once per snapshot."""
     return figure(
         snap,
-        ("requests", x, y, log_y),
+        ("requests", x, y, log_y, zones.zone_name(tz) if x == charts.ARRIVAL else None),
         lambda: charts.requests_scatter(
-            snap.table, x, y, REQUEST_AXES.get(x), request_measures(snap).get(y), log_y
+            snap.table, x, y, axis_label(x, tz), request_measures(snap).get(y), log_y, tz
         ),
     )
+
+
+def axis_label(x: str, tz: tzinfo = UTC) -> str:
+    """The label of the Requests page's x axis `x`; a time says its zone."""
+    label = REQUEST_AXES.get(x, x.replace("_", " "))
+    return f"{label} ({zones.zone_name(tz)})" if x == charts.ARRIVAL else label
 
 
 def request_measures(snap: Snapshot) -> dict[str, str]:

@@ -7,7 +7,6 @@ import shlex
 from collections.abc import Iterable
 from datetime import UTC, datetime, tzinfo
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import numpy as np
 import pandas as pd
@@ -60,19 +59,6 @@ def window_buckets(table: pd.DataFrame) -> tuple[int, list[int]]:
         if len(starts) <= WINDOW_BUCKETS_MAX:
             break
     return width, starts.tolist()
-
-
-def zone(name: str | None) -> tzinfo:
-    """The time zone the browser reports (`st.context.timezone`, an IANA name); UTC when
-    it reports none or one this machine does not know."""
-    try:
-        return ZoneInfo(name) if name else UTC
-    except (ZoneInfoNotFoundError, ValueError):
-        return UTC
-
-
-def zone_name(tz: tzinfo) -> str:
-    return "UTC" if tz is UTC else str(tz)
 
 
 def bucket_label(start_s: int, width: int, tz: tzinfo = UTC) -> str:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Mapping
+from datetime import tzinfo
 from typing import Any
 
 import streamlit as st
 
-from tracedpush.console import data
+from tracedpush.console import data, zones
 from tracedpush.console.source import Source, bench_from_args, from_args
 
 REQUEST_KEY = "request"  # session state and query parameter: selected trace id
@@ -38,6 +39,11 @@ def current_bench() -> str | None:
     if isinstance(chosen, str) and chosen:
         return chosen
     return bench_from_args(sys.argv[1:])
+
+
+def browser_zone() -> tzinfo:
+    """The visitor's time zone (their browser's); UTC if it reports none."""
+    return zones.zone(st.context.timezone)
 
 
 def show_error(err: data.SourceError) -> None:

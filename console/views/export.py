@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from tracedpush.console import export, ui
+from tracedpush.console import export, ui, zones
 
 SCOPES = ["selected request", "slowest 50", "a time window", "all"]
 
@@ -33,12 +33,12 @@ elif choice == "slowest 50":
     ids = [r.trace_id for r in run.slowest(50)]
 elif choice == "a time window":
     width, starts = export.window_buckets(snap.table)
-    tz = export.zone(st.context.timezone)  # the browser's; UTC if it says none
+    tz = ui.browser_zone()
     if starts:
         first = last = starts[0]  # a run within one bucket: no slider to slide
         if len(starts) > 1:
             first, last = st.select_slider(
-                f"Arrived ({export.zone_name(tz)}, by {export.WINDOW_WIDTHS_S[width]})",
+                f"Arrived ({zones.zone_name(tz)}, by {export.WINDOW_WIDTHS_S[width]})",
                 options=starts,
                 value=(starts[-1], starts[-1]),  # the run's last bucket
                 format_func=lambda s: export.bucket_label(s, width, tz),
@@ -48,7 +48,7 @@ elif choice == "a time window":
         ids = export.window_ids(snap.table, *window)
         st.caption(
             f"{len(ids):,} requests arrived from {export.bucket_label(first, width, tz)} to "
-            f"{export.bucket_label(last + width, width, tz)} {export.zone_name(tz)} (the end "
+            f"{export.bucket_label(last + width, width, tz)} {zones.zone_name(tz)} (the end "
             "excluded)."
         )
     else:

@@ -19,7 +19,7 @@ source = ui.current_source()
 
 
 def _status(feed: data.Feed, snap: data.Snapshot) -> str:
-    when = datetime.fromtimestamp(feed.last_refresh).strftime("%H:%M:%S")
+    when = datetime.fromtimestamp(feed.last_refresh, ui.browser_zone()).strftime("%H:%M:%S")
     busy = " · re-analysing…" if feed.refreshing else ""
     return (
         f"{len(snap.run.requests):,} requests · refreshed {when} "
@@ -72,7 +72,7 @@ def live() -> None:
         )
 
     columns = window.table_columns(charts.LIVE_COLUMNS) or window.table()
-    scatter = charts.window_ttft(pd.DataFrame(columns))
+    scatter = charts.window_ttft(pd.DataFrame(columns), tz=ui.browser_zone())
     st.plotly_chart(scatter, key="live_ttft")
     if note := charts.drawn_note(scatter, "window_ttft"):
         st.caption(note.strip())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from tracedpush.console import charts, derived, ui
+from tracedpush.console import charts, derived, ui, zones
 
 LARGEST_TABLE = "largest_requests"
 
@@ -23,16 +23,17 @@ if not len(table):
     st.stop()
 
 measures = derived.request_measures(snap)
+tz = ui.browser_zone()
 left, right, scale = st.columns([2, 2, 1], vertical_alignment="bottom")
 y = left.selectbox("Measure (y)", list(measures), format_func=measures.get, key="requests_y")
 x = right.selectbox(
     "Against (x)",
     list(derived.REQUEST_AXES),
-    format_func=derived.REQUEST_AXES.get,
+    format_func=lambda x: derived.axis_label(x, tz),
     key="requests_x",
 )
 log_y = scale.toggle("Log scale (y)", key="requests_log", help="0 ms is not drawn on it")
-scatter = derived.requests_figure(snap, x, y, log_y)
+scatter = derived.requests_figure(snap, x, y, log_y, tz)
 st.plotly_chart(
     scatter,
     key="requests",
@@ -50,7 +51,10 @@ st.caption(
 n = st.slider("How many of the largest", 5, derived.LARGEST_MAX, 20, key="largest_n")
 top = derived.largest(snap, y).head(n)
 ids = top["trace_id"].tolist()
-shown = top.assign(timeline="timeline?" + ui.REQUEST_KEY + "=" + top["trace_id"])
+shown = top.assign(
+    timeline="timeline?" + ui.REQUEST_KEY + "=" + top["trace_id"],
+    **{charts.ARRIVAL: zones.aware_times(top[charts.ARRIVAL], tz)},
+)
 columns = dict.fromkeys(["request_id", "mode", y, "prompt_tokens", "output_tokens", "load"])
 if x not in columns:
     columns[x] = None
@@ -63,7 +67,9 @@ st.dataframe(
         y: st.column_config.NumberColumn(measures[y], format="%.2f"),
         "prompt_tokens": "prompt tokens",
         "output_tokens": "output tokens",
-        charts.ARRIVAL: st.column_config.DatetimeColumn("arrival (UTC)"),
+        charts.ARRIVAL: st.column_config.DatetimeColumn(
+            derived.axis_label(charts.ARRIVAL, tz), format="YYYY-MM-DD HH:mm:ss.SSS"
+        ),
         "timeline": st.column_config.LinkColumn("timeline", display_text="open"),
     },
     on_select=lambda: ui.follow_row(LARGEST_TABLE, ids),

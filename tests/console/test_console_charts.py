@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from tracedpush.analysis import phases as ph
-from tracedpush.console import charts, selection, ui
+from tracedpush.console import charts, selection, ui, zones
 
 
 def test_every_phase_has_its_own_colour():
@@ -102,6 +102,22 @@ def test_a_small_scatter_draws_every_request_and_says_nothing():
     live = charts.window_ttft(_table(charts.MAX_POINTS, "pull"))
     assert len(live.data[0].customdata) == charts.MAX_POINTS
     assert charts.drawn_note(live, "window_ttft") == ""
+
+
+def test_arrival_is_drawn_in_the_visitors_time_zone():
+    """Plotly's date axis has no time zone: the points are wall times in the browser's,
+    and the axis says which."""
+    table = _table(50).assign(start_unix_ms=1_772_962_200_000.0 + np.arange(50) * 1e3)
+    kolkata = zones.zone("Asia/Kolkata")
+    fig = charts.requests_scatter(table, charts.ARRIVAL, x_title="arrival (x)", tz=kolkata)
+    (trace,) = fig.data
+    assert fig.layout.xaxis.type == "date"
+    assert np.datetime64(trace.x[0], "s") == np.datetime64("2026-03-08T15:00:00")
+    utc = charts.requests_scatter(table, charts.ARRIVAL)
+    assert np.datetime64(utc.data[0].x[0], "s") == np.datetime64("2026-03-08T09:30:00")
+    live = charts.window_ttft(table, tz=kolkata)
+    assert np.datetime64(live.data[0].x[0], "s") == np.datetime64("2026-03-08T15:00:00")
+    assert live.layout.xaxis.title.text == "arrival (Asia/Kolkata)"
 
 
 def test_the_live_scatter_draws_a_sample_keeping_the_slowest():

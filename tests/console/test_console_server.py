@@ -9,7 +9,7 @@ import urllib.request
 import pandas as pd
 import pytest
 
-from tracedpush.console import charts, data, derived
+from tracedpush.console import charts, data, derived, zones
 from tracedpush.console.server import FAILED, READY, app_args
 from tracedpush.console.source import Source
 from tracedpush.testing.console_server import ConsoleServer
@@ -58,10 +58,13 @@ def test_warm_derives_what_every_first_visit_reads(traces):
             strict=True,
         )
     )
-    key = ("figure", ("requests", derived.DEFAULT_X, derived.DEFAULT_Y, False))
+    key = ("figure", ("requests", derived.DEFAULT_X, derived.DEFAULT_Y, False, None))
     warmed = snap.memo(key, lambda: None)  # None: the warm-up did not make it
     assert warmed is not None
     assert warmed is derived.requests_figure(snap, derived.DEFAULT_X, derived.DEFAULT_Y)
+    # a visitor in another time zone shares it too: its axes have no time
+    kolkata = zones.zone("Asia/Kolkata")
+    assert warmed is derived.requests_figure(snap, derived.DEFAULT_X, derived.DEFAULT_Y, tz=kolkata)
     boxes = derived.phase_boxes_figure(snap, default, snap.modes)
     assert boxes is derived.phase_boxes_figure(snap, default, snap.modes)
     assert derived.outliers(snap, default, snap.modes) is derived.outliers(

@@ -59,11 +59,22 @@ def _wait_for(driver, script: str, timeout: float = 60.0):
     raise TimeoutError(script)
 
 
+def _figures(driver, kinds: set[str], timeout: float = 60.0) -> dict:
+    """kind -> traces of the page's figures, once every one of `kinds` is there (three
+    charts can be drawn before the last one's layout names its kind: seen once in CI)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        figs = {f["kind"]: f["traces"] for f in driver.execute_script(FIGURES)}
+        if kinds <= figs.keys() or time.monotonic() > deadline:
+            return figs
+        time.sleep(0.1)
+
+
 def test_sweep_page_draws_figures_phases_and_typical_links(served, driver, cell):
     driver.get(f"{served.url}/sweep")
     browser.wait_rendered(driver, charts=3, timeout=120)
     assert not browser.exception_text(driver)
-    figs = {f["kind"]: f["traces"] for f in driver.execute_script(FIGURES)}
+    figs = _figures(driver, {"sweep_ttft", "sweep_tpot", "sweep_phase_delta"})
     for kind in ("sweep_ttft", "sweep_tpot"):
         lines = figs[kind]
         assert len(lines) == 2 * len(SWEEP_LENS)
