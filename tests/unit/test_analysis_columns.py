@@ -16,7 +16,7 @@ from test_analysis_sampling import with_sampler
 from tracedpush.analysis import TraceStore, analyze, compare, index_steps
 from tracedpush.analysis import steps_columns as cols
 from tracedpush.analysis.columns import RunColumns, SlotColumns, row_of
-from tracedpush.analysis.compare import ALL, percentile
+from tracedpush.analysis.compare import ALL, _median, _summary, percentile
 from tracedpush.analysis.index import AnalysisIndex
 from tracedpush.analysis.results import LazyRequests, LazySteps
 from tracedpush.analysis.tpot import KEYS
@@ -28,10 +28,18 @@ def gen() -> synthetic.SyntheticRun:
     return synthetic.generate(150, seed=11, batch=6, clock_offsets_ms={"decode-0": 7.0})
 
 
+def _loop_mean(values: list[float]) -> float | None:
+    """The requests' values added in their order by a plain loop, over their number."""
+    acc = 0.0
+    for v in values:
+        acc += v
+    return acc / len(values) if values else None
+
+
 def _loop_summary(values: list[float], qs: tuple[int, ...]) -> dict:
     vs = sorted(values)
     out = {f"p{q}": percentile(vs, q) for q in qs}
-    out["mean"] = sum(vs) / len(vs) if vs else None
+    out["mean"] = _loop_mean(values)
     out["n"] = len(vs)
     return out
 
@@ -69,11 +77,44 @@ def test_compare_equals_a_loop_over_the_requests(
             for m, mean in ((cmp.a, acc.a_tpot_mean_ms), (cmp.b, acc.b_tpot_mean_ms)):
                 sel = [r for r in rs if r.mode == m and r.tpot_breakdown_ms and r.tpot_ms]
                 assert acc.n[m] == len(sel)
-                assert mean == sum(r.tpot_ms for r in sel) / len(sel)
-                row = acc.row(KEYS[0])
-                assert row is not None
-                want = sum(r.tpot_breakdown_ms.get(KEYS[0], 0.0) for r in sel) / len(sel)
-                assert (row.a_mean_ms if m == cmp.a else row.b_mean_ms) == want
+                assert mean == _loop_mean([r.tpot_ms for r in sel])
+                for k in KEYS:
+                    row = acc.row(k)
+                    assert row is not None
+                    vals = [r.tpot_breakdown_ms.get(k, 0.0) for r in sel]
+                    got = (
+                        (row.a_mean_ms, row.a_p50_ms)
+                        if m == cmp.a
+                        else (row.b_mean_ms, row.b_p50_ms)
+                    )
+                    assert got == (_loop_mean(vals), _loop_median(vals))
+            tpots = {
+                m: [r.tpot_ms for r in rs if r.mode == m and r.tpot_breakdown_ms and r.tpot_ms]
+                for m in (cmp.a, cmp.b)
+            }
+            p50 = _loop_median(tpots[cmp.a]) - _loop_median(tpots[cmp.b])
+            assert acc.tpot_p50_delta_ms == p50
+
+
+def _loop_median(values: list[float]) -> float | None:
+    vs, n = sorted(values), len(values)
+    return None if not n else vs[n // 2] if n % 2 else (vs[n // 2 - 1] + vs[n // 2]) / 2.0
+
+
+def test_order_statistics_and_means_of_a_column_are_a_loops() -> None:
+    """compare's column helpers (a partition, not a sort; a sequential sum) give what
+    sorting and a plain loop give, with ties, negative zeros and every small size."""
+    rng = np.random.default_rng(5)
+    cases = [[], [3.0], [-0.0], [-0.0, -0.0], [2.0, 1.0], rng.integers(0, 4, 9).astype(float)]
+    cases += [rng.lognormal(2.0, 1.5, n) for n in (3, 10, 101, 1_000)]
+    for values in cases:
+        vs = sorted(float(v) for v in values)
+        arr = np.asarray(values, dtype="float64")
+        got = _summary(arr, (50, 90, 99))
+        want = {f"p{q}": percentile(vs, q) for q in (50, 90, 99)}
+        want |= {"mean": _loop_mean([float(v) for v in values]), "n": len(vs)}
+        assert got == want and str(got["mean"]) == str(want["mean"])  # -0.0 is not 0.0 here
+        assert _median(arr) == _loop_median(vs)
 
 
 def test_the_index_reads_results_and_steps_when_used(

@@ -50,7 +50,11 @@ def percentile(sorted_values: Sequence[float], q: float) -> float | None:
 
 
 def summary(values: Iterable[float], qs: Sequence[int] = (50, 90, 99)) -> dict[str, float | None]:
-    return _summary(sorted(values), qs)
+    vs = sorted(values)
+    out: dict[str, float | None] = {f"p{q}": percentile(vs, q) for q in qs}
+    out["mean"] = sum(vs) / len(vs) if vs else None
+    out["n"] = len(vs)
+    return out
 
 
 @dataclass(slots=True)
@@ -206,24 +210,53 @@ def group(
     return _group(RunColumns.from_requests(rows), idx, bucket, load, a, b)
 
 
-def _sorted(values: np.ndarray) -> list[float]:
-    return np.sort(values).tolist()
+def _mean(values: np.ndarray) -> float | None:
+    """The mean of `values` added in their order one at a time, as a plain loop adds
+    floats (``acc = 0.0; acc += v``): ``np.cumsum`` adds sequentially, where ``np.sum``
+    pairs terms and Python 3.12's ``sum`` compensates, each with other last bits."""
+    if not len(values):
+        return None
+    return (float(np.cumsum(values)[-1]) + 0.0) / len(values)  # + 0.0: as 0.0 + -0.0
 
 
-def _summary(vs: list[float], qs: Sequence[int]) -> dict[str, float | None]:
-    """`summary` of values already sorted (Python floats: the same arithmetic)."""
-    out: dict[str, float | None] = {f"p{q}": percentile(vs, q) for q in qs}
-    out["mean"] = sum(vs) / len(vs) if vs else None
-    out["n"] = len(vs)
+def _ranked(values: np.ndarray, ranks: Iterable[int]) -> dict[int, float]:
+    """The values at these ranks of `values` in sorted order: a partition, not a sort."""
+    kth = sorted(set(ranks))
+    part = np.partition(values, kth)
+    return {k: float(part[k]) for k in kth}
+
+
+def _percentiles(values: np.ndarray, qs: Sequence[int]) -> dict[str, float | None]:
+    """`percentile` of each of `qs` over `values` (any order), the same arithmetic on
+    the same order statistics, found by one partition."""
+    n = len(values)
+    if n <= 1:
+        one = float(values[0]) if n else None
+        return {f"p{q}": one for q in qs}
+    at = {}
+    for q in qs:
+        pos = (n - 1) * q / 100.0
+        lo = math.floor(pos)
+        at[q] = (lo, min(lo + 1, n - 1), pos - lo)
+    v = _ranked(values, (k for lo, hi, _ in at.values() for k in (lo, hi)))
+    return {f"p{q}": v[lo] + (v[hi] - v[lo]) * frac for q, (lo, hi, frac) in at.items()}
+
+
+def _summary(values: np.ndarray, qs: Sequence[int]) -> dict[str, float | None]:
+    """`summary` over a column: the percentiles of `percentile`, the mean of `_mean` (in
+    the requests' order)."""
+    out = _percentiles(values, qs)
+    out["mean"] = _mean(values)
+    out["n"] = len(values)
     return out
 
 
 def _group(
     cols: RunColumns, by_mode: dict[str, np.ndarray], bucket: str, load: str, a: str, b: str
 ) -> ComparisonGroup:
-    """`group` over rows of `cols` (row numbers per mode, in request order): the sorts in
-    numpy, sums and percentiles in Python over the same floats in the same order, so
-    the figures equal a plain loop over the requests."""
+    """`group` over rows of `cols` (row numbers per mode, in request order): percentiles
+    from partitioned columns, means summed in request order (`_summary`), so the
+    figures equal a plain loop over the requests."""
     n = {m: len(ix) for m, ix in by_mode.items()}
     ttft: dict[str, dict[str, float | None]] = {}
     tpot: dict[str, dict[str, float | None]] = {}
@@ -232,19 +265,18 @@ def _group(
     order = {p: k for k, p in enumerate(ph.PHASES)}
     for m, ix in by_mode.items():
         t = cols.ttft[ix]
-        ttft[m] = _summary(_sorted(t[~np.isnan(t)]), (50, 90, 99))
+        ttft[m] = _summary(t[~np.isnan(t)], (50, 90, 99))
         t = cols.tpot[ix]
-        tpot[m] = _summary(_sorted(t[~np.isnan(t)]), (50, 90, 99))
+        tpot[m] = _summary(t[~np.isnan(t)], (50, 90, 99))
         per: dict[str, np.ndarray] = {}
         if len(ix):
             # a phase some request of the mode had counts 0 ms for those without it
             for j in np.flatnonzero(cols.has_phase[ix].any(axis=0)).tolist():
                 per[cols.phases[j]] = cols.phase[ix, j]
         phases[m] = {
-            p: _summary(_sorted(per[p]), (50, 90))
-            for p in sorted(per, key=lambda p: (order.get(p, 99), p))
+            p: _summary(per[p], (50, 90)) for p in sorted(per, key=lambda p: (order.get(p, 99), p))
         }
-        means[m] = {p: sum(v.tolist()) / len(v) for p, v in per.items()}
+        means[m] = {p: got["mean"] for p, got in phases[m].items()}  # type: ignore[misc]
     g = ComparisonGroup(bucket, load, n, ttft, tpot, phases)
     if n.get(a) and n.get(b):
         names = set(means[a]) | set(means[b])
@@ -270,12 +302,13 @@ def _group(
     return g
 
 
-def _median(vs: list[float]) -> float | None:
-    """`tpot._median` of values already sorted."""
-    n = len(vs)
+def _median(values: np.ndarray) -> float | None:
+    """`tpot._median` of `values` (any order), from one partition."""
+    n = len(values)
     if not n:
         return None
-    return vs[n // 2] if n % 2 else (vs[n // 2 - 1] + vs[n // 2]) / 2.0
+    v = _ranked(values, (n // 2,) if n % 2 else (n // 2 - 1, n // 2))
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2.0
 
 
 def _tpot_account(
@@ -293,11 +326,11 @@ def _tpot_account(
     tpot_p50: dict[str, float | None] = {}
     for m, ix in sel.items():
         bd = cols.bd[ix]
-        means[m] = [sum(bd[:, j].tolist()) / len(ix) for j in range(len(TPOT_KEYS))]
-        p50s[m] = [_median(_sorted(bd[:, j])) for j in range(len(TPOT_KEYS))]
+        means[m] = [_mean(bd[:, j]) or 0.0 for j in range(len(TPOT_KEYS))]
+        p50s[m] = [_median(bd[:, j]) for j in range(len(TPOT_KEYS))]
         t = cols.tpot[ix]
-        tpot_mean[m] = sum(t.tolist()) / len(ix)
-        tpot_p50[m] = _median(_sorted(t))
+        tpot_mean[m] = _mean(t) or 0.0
+        tpot_p50[m] = _median(t)
     rows = []
     for j, k in enumerate(TPOT_KEYS):
         pa, pb = p50s[a][j], p50s[b][j]
