@@ -8,7 +8,8 @@ time it spells, so a chart gets its times already converted (`wall_times`).
 
 from __future__ import annotations
 
-from datetime import UTC, tzinfo
+import math
+from datetime import UTC, datetime, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -51,3 +52,10 @@ def aware_times(unix_ms: Any, tz: tzinfo = UTC) -> pd.Series:
     shows them in that zone)."""
     when = pd.to_datetime(pd.Series(unix_ms, dtype="float64"), unit="ms", utc=True)
     return when if tz is UTC else when.dt.tz_convert(tz)
+
+
+def moment(unix_ms: float, tz: tzinfo = UTC) -> str:
+    """One instant to the millisecond, with its zone ("2026-12-04 19:03:21.123 UTC"):
+    what to look for in the logs and dashboards of the same moment."""
+    seconds, ms = divmod(math.floor(unix_ms), 1000)  # whole ms: no float rounding up
+    return f"{datetime.fromtimestamp(seconds, tz=tz):%Y-%m-%d %H:%M:%S}.{ms:03d} {zone_name(tz)}"

@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from tracedpush.console import charts, selection, ui
+from tracedpush.console import charts, selection, ui, zones
 
 snap = ui.snapshot()
 run = snap.run
@@ -162,6 +162,7 @@ if offsets:
     )
     st.dataframe(pd.DataFrame(offsets), hide_index=True)
 
+tz = ui.browser_zone()
 for r, col in zip(shown, st.columns(len(shown)), strict=True):
     with col:
         st.subheader(f"{r.mode} · {r.request_id}")
@@ -170,4 +171,5 @@ for r, col in zip(shown, st.columns(len(shown)), strict=True):
         _segments_table(r.critical_path, "critical path phase")
         if r.hidden:
             _segments_table(r.hidden, "overlapped (hidden) phase")
-        st.caption(f"trace id `{r.trace_id}`")
+        arrived = f" · arrived {zones.moment(r.start_unix_ms, tz)}" if r.start_unix_ms else ""
+        st.caption(f"trace id `{r.trace_id}`{arrived}")

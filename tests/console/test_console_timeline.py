@@ -7,7 +7,7 @@ import pytest
 from conftest import DECODE_SKEW_MS
 
 from tracedpush import semconv as sc
-from tracedpush.console import charts
+from tracedpush.console import charts, zones
 from tracedpush.testing.console import figure, no_exception, traces_of
 
 
@@ -106,6 +106,10 @@ def test_pick_by_id_and_by_slowest(app, traces, expected):
     at.text_input(key="typed_request").set_value(target.request_id).run()
     no_exception(at)
     assert target.trace_id in figure(at, "timeline")["layout"]["meta"]["trace_ids"]
+    # when it arrived, to find it in logs and dashboards (UTC: AppTest reports no zone)
+    captions = " ".join(c.value for c in at.caption)
+    assert f"`{target.trace_id}` · arrived {zones.moment(target.start_unix_ms)}" in captions
+    assert zones.moment(target.start_unix_ms).endswith(" UTC")
 
     frames = [df.value for df in at.dataframe]
     table = next(f for f in frames if "TTFT ms" in f.columns)

@@ -38,3 +38,9 @@ def test_aware_times_keep_the_index() -> None:
     assert list(la.index) == [7, 3]
     assert [t.strftime("%H:%M %z") for t in la] == ["01:30 -0800", "03:30 -0700"]
     assert str(zones.aware_times(ms).dt.tz) == "UTC"
+
+
+def test_a_moment_says_its_zone() -> None:
+    assert zones.moment(BEFORE_MS + 7.9996) == "2026-03-08 09:30:00.007 UTC"  # not .008
+    kolkata = zones.moment(BEFORE_MS + 7, zones.zone("Asia/Kolkata"))
+    assert kolkata == "2026-03-08 15:00:00.007 Asia/Kolkata"
