@@ -800,9 +800,10 @@ def draw_phase_boxes(boxes: PhaseBoxes, columns: int = 4) -> go.Figure:
 
 def window_ttft(table: Any, cap: int = MAX_POINTS, tz: tzinfo = UTC) -> go.Figure:
     """TTFT of each request in a time window against its arrival time in `tz` (Live
-    page), at most `cap` points per mode (`drawn`). ``table``: the columns of `LIVE_COLUMNS`. Points
-    carry only the request id, for the hover (nothing on this chart opens a timeline),
-    as a list: Plotly deep-copies an object array element by element."""
+    page), at most `cap` points per mode (`drawn`). ``table``: the columns of
+    `LIVE_COLUMNS`. Points carry only the request id, for the hover (nothing on this
+    chart opens a timeline), as a list: Plotly deep-copies an object array element by
+    element."""
     fig = go.Figure()
     if table is None or len(table) == 0:
         return _empty("no requests in this window")

@@ -170,6 +170,48 @@ def test_export_offers_a_time_window(served, driver, expected):
     assert shown.group(2) in ("Asia/Kolkata", "Asia/Calcutta")  # Chromium says the old name
 
 
+# the Requests chart once its x axis is a date: (axis title, first x, its trace id)
+ARRIVAL_AXIS = """
+const g = document.querySelector("[data-testid='stPlotlyChart'] .js-plotly-plot");
+if (!g || g.layout.xaxis.type !== 'date') return null;
+return [g.layout.xaxis.title.text, g.data[0].x[0], g.data[0].customdata[0].at(-1)];
+"""
+
+
+def test_requests_and_timeline_show_arrival_in_the_browsers_zone(served, driver, expected):
+    """A browser in India: the Requests page's arrival axis and the Timeline's arrival
+    time are its wall clock (UTC +5:30), and say so."""
+    from selenium.webdriver.common.by import By
+
+    driver.execute_cdp_cmd("Emulation.setTimezoneOverride", {"timezoneId": "Asia/Kolkata"})
+    try:
+        driver.get(f"{served.url}/requests")
+        browser.wait_rendered(driver, charts=1, timeout=120)
+        driver.find_elements(By.CSS_SELECTOR, "[data-testid='stSelectbox']")[1].click()
+        where = "//*[@role='option'][starts-with(normalize-space(.), 'arrival')]"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not driver.find_elements(By.XPATH, where):
+            time.sleep(0.1)
+        driver.find_element(By.XPATH, where).click()
+        drawn = ARRIVAL_AXIS
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not driver.execute_script(drawn):
+            time.sleep(0.1)
+        title, x0, tid = driver.execute_script(drawn)
+        assert not browser.exception_text(driver)
+        assert title in ("arrival (Asia/Kolkata)", "arrival (Asia/Calcutta)")
+        start = datetime.fromtimestamp(expected.get(tid).start_unix_ms / 1000, tz=UTC)
+        kolkata = start + timedelta(hours=5, minutes=30)
+        assert x0[:19] == kolkata.strftime("%Y-%m-%dT%H:%M:%S")
+        browser.screenshot(driver, ARTIFACTS / "console-requests-arrival.png")
+        driver.get(f"{served.url}/timeline?request={tid}")
+        browser.wait_rendered(driver, charts=1, timeout=120)
+        main = driver.find_element(By.TAG_NAME, "main").text
+    finally:
+        driver.execute_cdp_cmd("Emulation.setTimezoneOverride", {"timezoneId": ""})
+    assert f"arrived {kolkata:%Y-%m-%d %H:%M:%S}." in main
+
+
 def _export_window(served, driver) -> tuple[str, int]:
     """Choose "a time window" on the Export page: (the page's text, the requests the
     Perfetto button offers)."""
