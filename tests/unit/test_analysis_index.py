@@ -14,6 +14,7 @@ import pickle
 import re
 import shutil
 import sqlite3
+import sys
 import threading
 import time
 from contextlib import closing
@@ -385,6 +386,42 @@ def test_a_report_on_a_big_run_builds_the_index_unasked(
     assert f"building the analysis index in {d / INDEX_DIRNAME} (once)" in capsys.readouterr().err
     assert (d / INDEX_DIRNAME).is_dir()
     assert _no_load_line(unasked.read_text()) == _no_load_line(plain.read_text())
+
+
+def test_where_nothing_forks_big_traces_are_read_without_an_index(
+    tmp_path: Path,
+    skewed: synthetic.SyntheticRun,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Windows has no fork (simulated here: this machine has it): the build's workers
+    and `os.register_at_fork` do not exist there. Big traces are then read without an
+    index unless asked (a sequential build is slower than that), and one asked for is
+    built without trying the workers."""
+    import multiprocessing
+    import subprocess
+
+    from tracedpush.analysis import index as index_mod
+    from tracedpush.cli import main
+
+    monkeypatch.setattr(index_mod, "PARALLEL_BYTES", 1)
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    d = tmp_path / "traces"
+    skewed.write(d)
+    out = tmp_path / "report.txt"
+    assert main(["report", "--traces", str(d), "--out", str(out)]) == 0
+    assert "building the analysis index" not in capsys.readouterr().err
+    assert not (d / INDEX_DIRNAME).exists()
+    idx = AnalysisIndex([d], parallel=None)
+    try:
+        run = idx.update()
+    finally:
+        idx.close()
+    assert len(run.requests) == len(analyze(TraceStore.from_paths([d])).requests)
+    assert not any("parallel index build" in e for e in idx.stats.errors)
+    # the module imports without os.fork and os.register_at_fork (absent on Windows)
+    code = "import os; del os.fork, os.register_at_fork; import tracedpush.analysis.index"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_the_json_report_is_written_a_batch_at_a_time(

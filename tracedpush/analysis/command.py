@@ -151,8 +151,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="--traces: build (or extend) the analysis index and answer from it, so the "
         "next report or the console reads only what arrived since. Without it an index "
         "already there is used, and one is built for traces of 64 MiB or more on a "
-        "machine with 2 or more cores (faster than reading without it, even the first "
-        "time); smaller runs are read without one and nothing is written beside them",
+        "machine with 2 or more cores that can fork (not Windows; faster than reading "
+        "without it, even the first time); smaller runs are read without one and nothing "
+        "is written beside them",
     )
     parser.add_argument(
         "--index-dir",

@@ -58,6 +58,7 @@ from tracedpush.analysis import steps as steps_mod
 from tracedpush.analysis._gc import paused_gc
 from tracedpush.analysis.analyze import PROCESS_SPANS, request_analysis
 from tracedpush.analysis.columns import row_of
+from tracedpush.analysis.forked import can_fork
 from tracedpush.analysis.index_live import TraceSlots
 from tracedpush.analysis.index_steps import (
     StepCache,
@@ -128,7 +129,8 @@ def _forget_connections() -> None:
         idx._db, idx._span_dbs = None, {}
 
 
-os.register_at_fork(after_in_child=_forget_connections)
+if hasattr(os, "register_at_fork"):  # not on Windows, where nothing forks
+    os.register_at_fork(after_in_child=_forget_connections)
 
 # what a Live refresh (the console's) analyses again at most when the clock offsets move
 # (`AnalysisIndex.update`): 1-2 s of one core, where all of a 200,000-request run's took
@@ -1192,9 +1194,11 @@ class AnalysisIndex:
 
 
 def parallel_pays(files: Sequence[Path]) -> bool:
-    """Whether a cold build of `files` pays for a worker per core (`index_build`)."""
+    """Whether a cold build of `files` pays for a worker per core (`index_build`). Its
+    workers are forked: where nothing forks (Windows), a build is sequential, slower
+    than reading without an index, so it never pays there."""
     big = sum(f.stat().st_size for f in files) >= PARALLEL_BYTES
-    return big and (os.cpu_count() or 1) >= SHARDS
+    return big and (os.cpu_count() or 1) >= SHARDS and can_fork()
 
 
 def _journal(db: sqlite3.Connection, mode: str) -> bool:
