@@ -240,12 +240,10 @@ class Snapshot:
     def contention(self) -> Any | None:
         """`analysis.contention.Contention` from the engines' thread samples, or None
         (no ``engine.threads`` spans, or an analysis without it)."""
-        store = getattr(self.run, "engine_steps", None)
-        if (
-            store is None
-            or not getattr(store, "samples", None)
-            or not hasattr(self.run, "contention")
-        ):
+        # no look at the steps' samples first: from the analysis index that reads every
+        # step back (0.7 s at 200,000 requests), where its contention is kept beside them;
+        # a run without samples has a contention that is falsy
+        if getattr(self.run, "engine_steps", None) is None or not hasattr(self.run, "contention"):
             return None
         try:
             found = self.run.contention()
