@@ -27,7 +27,7 @@ from tracedpush import analysis
 from tracedpush import semconv as sc
 from tracedpush.analysis import index as index_mod
 from tracedpush.analysis import index_child
-from tracedpush.analysis.results import made_with
+from tracedpush.analysis.results import LazySteps, made_with
 from tracedpush.console import selection
 from tracedpush.console.selection import mode_order
 
@@ -201,6 +201,8 @@ class Snapshot:
         """The run's per-process step records (`analysis.steps.EngineSteps`), placed on
         the proxy clock by `analyze()`; None for traces without ``engine.steps`` spans."""
         store = getattr(self.run, "engine_steps", None)
+        if isinstance(store, LazySteps):  # the index's: its kept summary says, unread
+            return store if self.run.steps_summary() else None
         return store if store is not None and getattr(store, "steps", None) else None
 
     def request_steps(self, req: Any) -> pd.DataFrame:

@@ -223,8 +223,9 @@ def contended(tmp_path_factory):
 
 def test_contention_from_the_index_does_not_read_the_steps_back(contended):
     """A console opened on a warm analysis index shows the contention kept beside the
-    engine steps: the steps themselves (600 MB at 200,000 requests, 0.7 s to read) are
-    not read back for it, not even to see whether they have thread samples."""
+    engine steps, and knows the run has steps: the steps themselves (600 MB at 200,000
+    requests, 2 s to read) are not read back for either (the Overview's first visit
+    read them to see whether there were any)."""
     idx = AnalysisIndex([contended])
     idx.update()
     idx.close()  # writes the steps and their contention
@@ -232,6 +233,7 @@ def test_contention_from_the_index_does_not_read_the_steps_back(contended):
     steps = snap.run.engine_steps
     assert isinstance(steps, LazySteps)
     found = snap.contention
+    assert snap.engine_steps is steps  # the pages' "has steps?" (its kept summary)
     assert found is not None and steps._obj is None
     want = analyze(TraceStore.from_path(contended)).contention()
     assert found.to_json() == want.to_json() and any(

@@ -9,6 +9,7 @@ import urllib.request
 import pandas as pd
 import pytest
 
+from tracedpush.analysis.results import LazySteps
 from tracedpush.console import charts, data, derived, zones
 from tracedpush.console.server import FAILED, READY, app_args
 from tracedpush.console.source import Source
@@ -36,7 +37,10 @@ def test_a_source_that_cannot_be_read_is_reported_and_the_server_serves(tmp_path
 
 def test_warm_derives_what_every_first_visit_reads(traces):
     snap = data.Feed(Source.traces([str(traces[0])])).snapshot()
+    steps = snap.run.engine_steps
+    assert isinstance(steps, LazySteps) and steps._obj is None  # the index's, unread
     derived.warm(snap)
+    assert steps._obj is not None  # read back for the Timeline's first visit
     for name in derived.SHARED:
         assert name in snap.__dict__, name  # a cached_property computed
     default = next(iter(derived.PHASE_MEASURES))
