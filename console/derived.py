@@ -176,7 +176,8 @@ def warm(snap: Snapshot) -> None:
         getattr(snap, name)
     if snap.run.requests:
         if snap.engine_steps is not None:
-            snap.request_steps(snap.typical(snap.modes[0]) or snap.run.requests[0])
+            mode = snap.modes[0] if snap.modes else None  # the Timeline's default request
+            snap.request_steps(snap.typical(mode) or snap.run.requests[0])
         measure = next(iter(PHASE_MEASURES))
         overview_figures(snap, DEFAULT_STAT)
         requests_figure(snap, DEFAULT_X, DEFAULT_Y)
