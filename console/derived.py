@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracedpush.analysis.results import LazySteps
 from tracedpush.console import charts, zones
 from tracedpush.console.data import Snapshot
 
@@ -175,9 +176,9 @@ def warm(snap: Snapshot) -> None:
     for name in SHARED:
         getattr(snap, name)
     if snap.run.requests:
-        if snap.engine_steps is not None:
-            mode = snap.modes[0] if snap.modes else None  # the Timeline's default request
-            snap.request_steps(snap.typical(mode) or snap.run.requests[0])
+        steps = snap.engine_steps
+        if isinstance(steps, LazySteps):  # the Timeline draws them: read back here, once
+            steps.get()
         measure = next(iter(PHASE_MEASURES))
         overview_figures(snap, DEFAULT_STAT)
         requests_figure(snap, DEFAULT_X, DEFAULT_Y)
