@@ -41,10 +41,7 @@ def wall_times(unix_ms: Any, tz: tzinfo = UTC) -> np.ndarray:
     """Unix times (ms) as naive datetime64 wall times in `tz`, each at the zone's offset
     at that time (across a daylight-saving change the axis steps as the wall clock
     does): what a Plotly date axis draws as the zone's clock."""
-    when = pd.to_datetime(pd.Series(unix_ms, dtype="float64"), unit="ms", utc=True)
-    if tz is not UTC:
-        when = when.dt.tz_convert(tz)
-    return when.dt.tz_localize(None).to_numpy()
+    return aware_times(unix_ms, tz).dt.tz_localize(None).to_numpy()
 
 
 def aware_times(unix_ms: Any, tz: tzinfo = UTC) -> pd.Series:

@@ -188,16 +188,9 @@ def test_requests_and_timeline_show_arrival_in_the_browsers_zone(served, driver,
         driver.get(f"{served.url}/requests")
         browser.wait_rendered(driver, charts=1, timeout=120)
         driver.find_elements(By.CSS_SELECTOR, "[data-testid='stSelectbox']")[1].click()
-        where = "//*[@role='option'][starts-with(normalize-space(.), 'arrival')]"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not driver.find_elements(By.XPATH, where):
-            time.sleep(0.1)
-        driver.find_element(By.XPATH, where).click()
-        drawn = ARRIVAL_AXIS
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not driver.execute_script(drawn):
-            time.sleep(0.1)
-        title, x0, tid = driver.execute_script(drawn)
+        option = "//*[@role='option'][starts-with(normalize-space(.), 'arrival')]"
+        _click_when_there(driver, option, timeout=30)
+        title, x0, tid = browser.wait_for(driver, ARRIVAL_AXIS)
         assert not browser.exception_text(driver)
         assert title in ("arrival (Asia/Kolkata)", "arrival (Asia/Calcutta)")
         start = datetime.fromtimestamp(expected.get(tid).start_unix_ms / 1000, tz=UTC)
@@ -212,6 +205,16 @@ def test_requests_and_timeline_show_arrival_in_the_browsers_zone(served, driver,
     assert f"arrived {kolkata:%Y-%m-%d %H:%M:%S}." in main
 
 
+def _click_when_there(driver, xpath: str, timeout: float = 60.0) -> None:
+    """Click the element at `xpath` once the page has it (a rerun can add it later)."""
+    from selenium.webdriver.common.by import By
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not driver.find_elements(By.XPATH, xpath):
+        time.sleep(0.1)
+    driver.find_element(By.XPATH, xpath).click()
+
+
 def _export_window(served, driver) -> tuple[str, int]:
     """Choose "a time window" on the Export page: (the page's text, the requests the
     Perfetto button offers)."""
@@ -220,11 +223,7 @@ def _export_window(served, driver) -> tuple[str, int]:
     driver.get(f"{served.url}/export")
     browser.wait_rendered(driver, charts=0, timeout=120)
     # "not running" is also the state before the first run: wait for the page itself
-    where = "//*[@data-testid='stRadio']//label[contains(., 'a time window')]"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not driver.find_elements(By.XPATH, where):
-        time.sleep(0.1)
-    driver.find_element(By.XPATH, where).click()
+    _click_when_there(driver, "//*[@data-testid='stRadio']//label[contains(., 'a time window')]")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and "requests arrived from" not in driver.page_source:
         time.sleep(0.1)

@@ -49,16 +49,6 @@ def cell(sweep) -> dict:
     return found
 
 
-def _wait_for(driver, script: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = driver.execute_script(script)
-        if found:
-            return found
-        time.sleep(0.1)
-    raise TimeoutError(script)
-
-
 def _figures(driver, kinds: set[str], timeout: float = 60.0) -> dict:
     """kind -> traces of the page's figures, once every one of `kinds` is there (three
     charts can be drawn before the last one's layout names its kind: seen once in CI)."""
@@ -90,7 +80,7 @@ def test_sweep_page_draws_figures_phases_and_typical_links(served, driver, cell)
         "return document.querySelectorAll(\"[data-testid='stDataFrame']\").length"
     )
     assert grids >= 3  # the client's numbers, the phase account, client vs traces
-    links = _wait_for(driver, LINKS)
+    links = browser.wait_for(driver, LINKS)
     want = {m: cell["modes"][m]["typical"] for m in ("push", "pull")}
     # (a link with a tooltip is in the DOM twice)
     assert {link["href"].split("request=")[1] for link in links} == {
@@ -128,7 +118,7 @@ def test_without_results_the_sweep_page_says_how_to_get_them(traces, driver):
     ) as server:
         driver.get(f"{server.url}/sweep")
         browser.wait_rendered(driver, charts=0, timeout=120)
-        body = _wait_for(
+        body = browser.wait_for(
             driver,
             "const t = document.body.innerText; return t.includes('No benchmark results') && t;",
         )
@@ -156,7 +146,7 @@ def test_clicking_a_point_picks_its_cell(served, driver):
         n,
         q,
     )
-    _wait_for(
+    browser.wait_for(
         driver,
         f"return document.body.innerText.includes('{n:,}-token prompts at {q:g} QPS')",
     )

@@ -155,6 +155,18 @@ def select_point(driver: Any, find: str, *args: Any, timeout: float = 30.0) -> l
         time.sleep(0.05)
 
 
+def wait_for(driver: Any, script: str, timeout: float = 60.0) -> Any:
+    """What `script` (JavaScript that returns a value) returns once it is truthy: what a
+    page shows can come a moment after `wait_rendered` (a chart's data, a rerun)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = driver.execute_script(script)
+        if found:
+            return found
+        time.sleep(0.1)
+    raise TimeoutError(script)
+
+
 def exception_text(driver: Any) -> str:
     from selenium.webdriver.common.by import By
 
