@@ -16,7 +16,7 @@ from test_analysis_sampling import with_sampler
 from tracedpush.analysis import TraceStore, analyze, compare, index_steps
 from tracedpush.analysis import steps_columns as cols
 from tracedpush.analysis.columns import RunColumns, SlotColumns, row_of
-from tracedpush.analysis.compare import ALL, _median, _summary, percentile
+from tracedpush.analysis.compare import ALL, _median, _summary, percentile, summary
 from tracedpush.analysis.index import AnalysisIndex
 from tracedpush.analysis.results import LazyRequests, LazySteps
 from tracedpush.analysis.tpot import KEYS
@@ -103,7 +103,8 @@ def _loop_median(values: list[float]) -> float | None:
 
 def test_order_statistics_and_means_of_a_column_are_a_loops() -> None:
     """compare's column helpers (a partition, not a sort; a sequential sum) give what
-    sorting and a plain loop give, with ties, negative zeros and every small size."""
+    sorting and a plain loop give, with ties, negative zeros and every small size; so
+    does `summary`, over any iterable."""
     rng = np.random.default_rng(5)
     cases = [[], [3.0], [-0.0], [-0.0, -0.0], [2.0, 1.0], rng.integers(0, 4, 9).astype(float)]
     cases += [rng.lognormal(2.0, 1.5, n) for n in (3, 10, 101, 1_000)]
@@ -114,6 +115,8 @@ def test_order_statistics_and_means_of_a_column_are_a_loops() -> None:
         want = {f"p{q}": percentile(vs, q) for q in (50, 90, 99)}
         want |= {"mean": _loop_mean([float(v) for v in values]), "n": len(vs)}
         assert got == want and str(got["mean"]) == str(want["mean"])  # -0.0 is not 0.0 here
+        # the benchmark client's figures (any iterable): the same definition, one mean
+        assert summary(float(v) for v in values) == want
         assert _median(arr) == _loop_median(vs)
 
 

@@ -50,11 +50,9 @@ def percentile(sorted_values: Sequence[float], q: float) -> float | None:
 
 
 def summary(values: Iterable[float], qs: Sequence[int] = (50, 90, 99)) -> dict[str, float | None]:
-    vs = sorted(values)
-    out: dict[str, float | None] = {f"p{q}": percentile(vs, q) for q in qs}
-    out["mean"] = sum(vs) / len(vs) if vs else None
-    out["n"] = len(vs)
-    return out
+    """Percentiles (`percentile`), mean and count of `values`. The mean adds them in the
+    order given, as the report's columns do (`_summary`): one definition of a mean."""
+    return _summary(np.fromiter(values, dtype=float), qs)
 
 
 @dataclass(slots=True)
