@@ -267,7 +267,12 @@ def _times(line: bytes) -> list[tuple[int, int]]:
 def _report(directory: Path, *extra: str) -> dict[str, Any]:
     """Wall time, CPU time and peak RSS of one `tracedpush report` (its own process)."""
     cmd = [sys.executable, "-c", _REPORT, "report", "--traces", str(directory)]
-    cmd += ["--format", "table", "--out", os.devnull, *extra]
+    return measure([*cmd, "--format", "table", "--out", os.devnull, *extra])
+
+
+def measure(cmd: list[str]) -> dict[str, Any]:
+    """Wall time, CPU time and peak RSS of `cmd`, a Python process running `_REPORT`
+    (or a script that prints the same ``VmHWM`` / ``workers`` lines on stderr)."""
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     together = _TreeMemory(p.pid)

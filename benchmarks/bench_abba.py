@@ -1,0 +1,256 @@
+"""Two revisions of the analysis side by side on one run, in A B B A order, with the
+ratio B / A: how a change to `report` or `compare` is measured before it is claimed
+(this machine's speed drifts within minutes, so only a side-by-side run compares).
+
+Each side is a git checkout (``git worktree add --detach``, removed afterwards; ``.``
+is the working tree, uncommitted changes included) run with its own `tracedpush` first
+on the path, and with its own index directory: the index's digest covers the analysis
+code, so a side never reads what the other built. The stages:
+
+* ``warm``: ``tracedpush report --format table`` with the index warm (each side builds
+  its index once first, not timed);
+* ``json``: the same with ``--format json``;
+* ``compare``: `compare()` alone, in a process that opened the warm index (each
+  measurement the mean of its ``--calls`` calls);
+* ``cold``: ``tracedpush report --index`` building the index from nothing (the index
+  is deleted before each measurement).
+
+Each measurement runs in its own process: wall time, CPU time (``wait4``: the process
+and its build workers) and peak RSS, as benchmarks/bench_report.py measures them. The
+outputs of A and B are compared byte for byte: a change that is faster but reports
+something else says so. Printed and written to docs/benchmarks/abba.json (``--out``).
+
+    python benchmarks/bench_abba.py --a HEAD --b .                   # 10,000 synthetic requests
+    python benchmarks/bench_abba.py --a main~2 --b main --traces /tmp/run200k --stage compare
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench_console import _write_traces  # a synthetic run, as the console bench writes it
+from bench_report import _REPORT, _calibration_s, measure
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO / "docs" / "benchmarks" / "abba.json"
+STAGES = ("warm", "json", "compare", "cold")
+WORKING_TREE = "."
+
+# Run a checkout's own tracedpush: first on the path, and without the editable install's
+# finder (it maps tracedpush.console to this repository's console/, whatever the checkout).
+_AT = """import sys
+code = sys.argv.pop(1)
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in str(getattr(f, "__module__", ""))]
+sys.path.insert(0, code)
+import tracedpush
+if not tracedpush.__file__.startswith(code):
+    sys.exit(f"tracedpush imported from {tracedpush.__file__}, not from {code}")
+"""
+
+# `compare()` alone on a warm index: argv traces, index dir, output file, calls
+_COMPARE = """import json, sys, time
+from tracedpush.analysis.compare import compare
+from tracedpush.analysis.index import AnalysisIndex
+traces, index_dir, out, calls = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+run = AnalysisIndex([traces], index_dir=index_dir).update()
+took = []
+for _ in range(calls):
+    t0 = time.perf_counter()
+    got = compare(run)
+    took.append(time.perf_counter() - t0)
+with open(out, "w") as fh:
+    json.dump(got.to_json(), fh, sort_keys=True)
+with open(out + ".took", "w") as fh:
+    json.dump(took, fh)
+for line in open("/proc/self/status"):
+    if line.startswith("VmHWM:"):
+        print("VmHWM", int(line.split()[1]), file=sys.stderr)
+"""
+
+
+@dataclass
+class Side:
+    """One revision: where its code is checked out, and its index and outputs."""
+
+    name: str  # "A" or "B"
+    rev: str
+    code: Path
+    work: Path  # its index directory and outputs
+    commit: str = ""
+    runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    @property
+    def index_dir(self) -> Path:
+        return self.work / "index"
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(REPO), *args], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def _checkout(name: str, rev: str, tmp: Path) -> Side:
+    """`rev` checked out under `tmp` (the working tree itself for ``.``)."""
+    work = tmp / name
+    work.mkdir()
+    if rev == WORKING_TREE:
+        dirty = " (with uncommitted changes)" if _git("status", "--porcelain", "-uno") else ""
+        return Side(name, rev, REPO, work, _git("rev-parse", "HEAD") + dirty)
+    code = tmp / f"code-{name}"
+    _git("worktree", "add", "--detach", str(code), rev)
+    # the console ships as tracedpush.console but lives in console/ (pyproject package-dir)
+    (code / "tracedpush" / "console").symlink_to("../console")
+    return Side(name, rev, code, work, _git("rev-parse", f"{rev}^{{commit}}"))
+
+
+def _remove(side: Side) -> None:
+    if side.code != REPO:
+        _git("worktree", "remove", "--force", str(side.code))
+
+
+def _command(side: Side, stage: str, traces: Path, out: Path, calls: int) -> list[str]:
+    if stage == "compare":
+        args = [str(traces), str(side.index_dir), str(out), str(calls)]
+        return [sys.executable, "-c", _AT + _COMPARE, str(side.code), *args]
+    fmt = "json" if stage == "json" else "table"
+    args = ["report", "--traces", str(traces), "--index", "--index-dir", str(side.index_dir)]
+    return [sys.executable, "-c", _AT + _REPORT, str(side.code), *args, "--format", fmt,
+            "--out", str(out)]  # fmt: skip
+
+
+def _once(side: Side, stage: str, traces: Path, calls: int) -> dict[str, Any]:
+    """One measurement of `stage` on `side`; its output kept as ``<stage>.out``."""
+    if stage == "cold":
+        shutil.rmtree(side.index_dir, ignore_errors=True)
+    out = side.work / f"{stage}.out"
+    got = measure(_command(side, stage, traces, out, calls))
+    if stage == "compare":  # the calls alone, not opening the index
+        took = json.loads(Path(f"{out}.took").read_text())
+        got = {"wall_s": round(statistics.fmean(took), 6), "process": got}
+    got["sha256"] = hashlib.sha256(out.read_bytes()).hexdigest()
+    return got
+
+
+def _order(rounds: int) -> list[int]:
+    """Indexes of the sides in A B B A order, `rounds` times."""
+    return [0, 1, 1, 0] * rounds
+
+
+def _stage(sides: list[Side], stage: str, traces: Path, rounds: int, calls: int) -> dict:
+    for side in sides:
+        side.runs[stage] = []
+    for i in _order(rounds):
+        side = sides[i]
+        got = _once(side, stage, traces, calls)
+        side.runs[stage].append(got)
+        print(f"  {stage:8} {side.name} {got['wall_s']:8.3f} s", flush=True)
+    a, b = (statistics.fmean(r["wall_s"] for r in s.runs[stage]) for s in sides)
+    outputs = {r["sha256"] for s in sides for r in s.runs[stage]}
+    result = {
+        "a_wall_s": round(a, 3),
+        "b_wall_s": round(b, 3),
+        "ratio_b_over_a": round(b / a, 3) if a else None,
+        "same_output": len(outputs) == 1,
+    }
+    if stage != "compare":
+        a_cpu, b_cpu = (statistics.fmean(r["cpu_s"] for r in s.runs[stage]) for s in sides)
+        result |= {"a_cpu_s": round(a_cpu, 2), "b_cpu_s": round(b_cpu, 2)}
+        result["cpu_ratio_b_over_a"] = round(b_cpu / a_cpu, 3) if a_cpu else None
+    return result
+
+
+def _table(result: dict[str, Any]) -> str:
+    lines = [f"A = {result['a']['rev']} ({result['a']['commit']})",
+             f"B = {result['b']['rev']} ({result['b']['commit']})",
+             f"{'stage':8} {'A s':>9} {'B s':>9} {'B/A':>6}  output"]  # fmt: skip
+    for stage, got in result["stages"].items():
+        same = "same" if got["same_output"] else "DIFFERS"
+        lines.append(
+            f"{stage:8} {got['a_wall_s']:9.3f} {got['b_wall_s']:9.3f} "
+            f"{got['ratio_b_over_a']:6.3f}  {same}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description="Time two revisions of tracedpush's analysis side by side (A B B A).",
+    )
+    ap.add_argument("--a", default="HEAD", help="revision A (git rev, or . for the working tree)")
+    ap.add_argument("--b", default=WORKING_TREE, help="revision B (default: the working tree)")
+    ap.add_argument("--traces", type=Path, help="the run to analyse (default: a synthetic one)")
+    ap.add_argument(
+        "--requests", type=int, default=10_000, help="without --traces: synthetic requests"
+    )
+    ap.add_argument(
+        "--stage",
+        action="append",
+        choices=STAGES,
+        help="what to time (repeatable; default: warm, json and compare)",
+    )
+    ap.add_argument("--rounds", type=int, default=1, help="A B B A this many times")
+    ap.add_argument("--calls", type=int, default=3, help="compare: calls per measurement")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = ap.parse_args(argv)
+    if args.rounds < 1 or args.calls < 1:
+        ap.error("--rounds and --calls must be at least 1")
+    stages = args.stage or ["warm", "json", "compare"]
+    with tempfile.TemporaryDirectory(prefix="tracedpush-abba-") as tmp_s:
+        tmp = Path(tmp_s)
+        traces = args.traces
+        if traces is None:
+            traces = tmp / "traces"
+            print(f"writing {args.requests} synthetic requests", flush=True)
+            _write_traces(args.requests, traces)
+        elif not traces.is_dir():
+            ap.error(f"--traces {traces}: not a directory")
+        sides: list[Side] = []
+        try:
+            for name, rev in (("A", args.a), ("B", args.b)):
+                sides.append(_checkout(name, rev, tmp))
+            calibration = [_calibration_s()]
+            if any(s != "cold" for s in stages):
+                for side in sides:  # the warm stages' index, built once per side
+                    print(f"building {side.name}'s index", flush=True)
+                    measure(_command(side, "warm", traces, side.work / "build.out", 1))
+            result: dict[str, Any] = {"stages": {}}
+            for stage in stages:
+                result["stages"][stage] = _stage(sides, stage, traces, args.rounds, args.calls)
+            calibration.append(_calibration_s())
+        finally:
+            for side in sides:
+                _remove(side)
+    for side in sides:
+        result[side.name.lower()] = {"rev": side.rev, "commit": side.commit, "runs": side.runs}
+    result |= {
+        "traces": str(args.traces) if args.traces else f"synthetic, {args.requests} requests",
+        "rounds": args.rounds,
+        "order": "".join("AB"[i] for i in _order(args.rounds)),
+        # CPU s of a fixed Python loop before and after: how fast the machine ran
+        "calibration_s": calibration,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    print(_table(result))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0 if all(s["same_output"] for s in result["stages"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

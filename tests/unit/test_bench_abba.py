@@ -1,0 +1,75 @@
+"""benchmarks/bench_abba.py on a small synthetic run: the order it measures in, that each
+side runs its own checkout (not the installed tracedpush), and that it notices when the
+two sides report different things. Real git worktrees and real `tracedpush report`
+processes; the timings themselves are not asserted (that is the script's job)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the script imports its sibling benches
+import bench_abba  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode,
+    reason="needs the repository's git history (a clone, not an exported tree)",
+)
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("abba") / "traces"
+    bench_abba._write_traces(300, d)
+    return d
+
+
+def test_head_against_itself_in_abba_order(traces: Path, tmp_path: Path) -> None:
+    out = tmp_path / "abba.json"
+    argv = ["--a", "HEAD", "--b", "HEAD", "--traces", str(traces), "--out", str(out)]
+    assert bench_abba.main([*argv, "--stage", "warm", "--stage", "compare", "--calls", "2"]) == 0
+    got = json.loads(out.read_text())
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    assert got["a"]["commit"] == got["b"]["commit"] == head
+    assert got["order"] == "ABBA" and list(got["stages"]) == ["warm", "compare"]
+    for stage, result in got["stages"].items():
+        assert result["same_output"], stage
+        means = []
+        for side in ("a", "b"):
+            runs = got[side]["runs"][stage]
+            assert len(runs) == 2 and all(r["wall_s"] > 0 for r in runs)
+            means.append(statistics.fmean(r["wall_s"] for r in runs))
+        assert result["ratio_b_over_a"] == pytest.approx(means[1] / means[0], abs=1e-3)
+    assert got["stages"]["warm"]["a_cpu_s"] > 0
+    # the checkouts are gone
+    listed = subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True
+    ).stdout
+    assert "tracedpush-abba-" not in listed
+
+
+def test_each_side_runs_its_own_code(traces: Path, tmp_path: Path) -> None:
+    """Side A is HEAD with its report's table changed: were both sides run from the
+    installed tracedpush, their outputs would be the same."""
+    a = bench_abba._checkout("A", "HEAD", tmp_path)
+    try:
+        report = a.code / "tracedpush" / "analysis" / "report.py"
+        text = report.read_text()
+        assert '"TTFT ms",' in text
+        report.write_text(text.replace('"TTFT ms",', '"TTFT in ms",', 1))
+        b = bench_abba._checkout("B", bench_abba.WORKING_TREE, tmp_path)
+        got = bench_abba._stage([a, b], "warm", traces, rounds=1, calls=1)
+    finally:
+        bench_abba._remove(a)
+    assert not got["same_output"]
+    a_out, b_out = (s.work / "warm.out" for s in (a, b))
+    assert "TTFT in ms" in a_out.read_text() and "TTFT in ms" not in b_out.read_text()
+    assert [len(s.runs["warm"]) for s in (a, b)] == [2, 2]
