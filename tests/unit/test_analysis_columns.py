@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -434,20 +435,35 @@ def _steps(starts_s: list[float], forward_us: list[int], decode_reqs: list[int])
 
 def test_the_solo_cost_is_each_epoch_median_and_fills_epochs_without_one() -> None:
     """`steps_columns.step_solo_us`: per step, the median forward of its minute's
-    one-decode-request steps; a minute without one takes the last earlier minute's, the
-    first minutes the first later one's; an engine without any, its smallest forward."""
+    one-decode-request steps when the minute has `SOLO_MIN_STEPS` of them; a minute with
+    fewer takes the last earlier minute's, the first minutes the first later one's; when
+    no minute has enough, all of them at once; an engine without any, its smallest
+    forward."""
     minute = cols.SOLO_EPOCH_NS / 1e9
-    c = _steps(
-        [0.5 * minute, 1.1 * minute, 1.2 * minute, 1.3 * minute, 2.5 * minute, 3.1 * minute,
-         3.2 * minute, 4.5 * minute],
-        [900, 100, 300, 200, 700, 400, 600, 800],
-        [3, 1, 1, 1, 2, 1, 1, 4],
-    )  # fmt: skip
-    # minute 0: none (the first later: minute 1's); 1: median of 100, 300, 200; 2: none
-    # (minute 1's); 3: median of 400, 600; 4: none (minute 3's)
-    assert cols.step_solo_us(c).tolist() == [200.0, 200.0, 200.0, 200.0, 200.0, 500.0, 500.0, 500.0]
-    # a tail carrying the cost before it: its first minutes without one take that
-    assert cols.step_solo_us(c[:, 4:], carry=200.0).tolist() == [200.0, 500.0, 500.0, 500.0]
+    enough = cols.SOLO_MIN_STEPS
+    assert enough > 2
+    one = [100 * (i + 1) for i in range(enough)]  # minute 1: median of these
+    three = [200 + 100 * i for i in range(enough + 1)]  # minute 3: median of these
+    starts = [0.5 * minute, 0.6 * minute]
+    starts += [(1 + (i + 1) / (enough + 2)) * minute for i in range(enough)]
+    starts += [2.3 * minute, 2.6 * minute]  # two one-request steps: too few, noise
+    starts += [(3 + (i + 1) / (enough + 3)) * minute for i in range(enough + 1)]
+    starts += [4.5 * minute]
+    forward = [900, 950, *one, 5000, 7000, *three, 800]
+    reqs = [1, 3] + [1] * enough + [1, 1] + [1] * (enough + 1) + [4]
+    c = _steps(starts, forward, reqs)
+    m1, m3 = statistics.median(one), statistics.median(three)
+    want = [m1, m1] + [m1] * enough + [m1, m1] + [m3] * (enough + 1) + [m3]
+    got, first = cols.solo_by_epoch(c)
+    assert got.tolist() == want and first == 2  # minute 1's first step
+    assert cols.step_solo_us(c).tolist() == want
+    # a tail carrying the cost before it: its first minutes without their own take that
+    tail = c[:, 2 + enough :]
+    assert cols.step_solo_us(tail, carry=123.0).tolist() == [123.0, 123.0, *want[-enough - 2 :]]
+    # no minute with enough: every step the median of all one-request steps
+    few = _steps([0.5 * minute, 1.5 * minute, 2.5 * minute, 2.6 * minute],
+                 [300, 100, 200, 900], [1, 1, 1, 3])  # fmt: skip
+    assert cols.solo_by_epoch(few)[0].tolist() == [200.0] * 4 and cols.solo_by_epoch(few)[1] == -1
     busy = _steps([0.1 * minute, 2.1 * minute], [900, 700], [3, 2])
     busy[cols.NUM_REQS] = [3, 2]
     assert cols.step_solo_us(busy).tolist() == [700.0, 700.0]  # no one-request step at all
@@ -459,14 +475,25 @@ def test_extended_step_arrays_compute_only_the_last_epochs_again() -> None:
     unchanged step's on computed again (its `same`)."""
     rng = random.Random(5)
     minute = cols.SOLO_EPOCH_NS / 1e9
-    starts = sorted(rng.uniform(0, 10 * minute) for _ in range(400))
-    c = _steps(starts, [rng.randrange(100, 900) for _ in starts],
-               [rng.choice([1, 1, 2, 3]) for _ in starts])  # fmt: skip
+    # minutes with many one-request steps, and (the first five of the second run) with
+    # too few for a cost of their own
+    dense = sorted(rng.uniform(0, 10 * minute) for _ in range(400))
+    sparse = sorted([rng.uniform(0, 5 * minute) for _ in range(20)] + dense[200:])
+    for starts in (dense, sparse):
+        c = _steps(starts, [rng.randrange(100, 900) for _ in starts],
+                   [rng.choice([1, 1, 2, 3]) for _ in starts])  # fmt: skip
+        _extended_equals_whole(c)
+
+
+def _extended_equals_whole(c: np.ndarray) -> None:
     whole = index_steps.StepArrays(c)
-    for kept in (1, 37, 200, 399):
+    n = c.shape[1]
+    for kept in (1, 11, 37, n // 2, n - 1):
         head = index_steps.StepArrays(c[:, :kept])
         grown = index_steps.StepArrays(c, head, kept)
         assert grown.solo_us.tolist() == whole.solo_us.tolist(), kept
         epoch = c[cols.START, kept - 1] // cols.SOLO_EPOCH_NS
-        assert grown.same == int(np.argmax(c[cols.START] // cols.SOLO_EPOCH_NS == epoch))
+        k = int(np.argmax(c[cols.START] // cols.SOLO_EPOCH_NS == epoch))
+        # from that epoch on, or all again when no earlier epoch has a cost of its own
+        assert grown.same == (k if 0 <= whole.first_solo < k else 0), kept
         assert (grown.max_end == whole.max_end).all() and (grown.worker == whole.worker).all()

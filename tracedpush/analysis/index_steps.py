@@ -131,21 +131,20 @@ class StepArrays:
 
 def _epoch_solo(c: cols.Columns, was: StepArrays | None, same: int) -> tuple[int, np.ndarray, int]:
     """(steps known unchanged, `steps_columns.step_solo_us` of every step, the first
-    step that is a solo candidate or -1). From `was` (whose first `same` steps are
-    these'): the epochs before the last unchanged step's are kept; the rest computed
-    again, carrying the cost before them. Everything again when no step before them is a
-    candidate (their costs came from a later epoch, or the engine's fallback)."""
+    step of the first epoch with a solo cost of its own or -1). From `was` (whose first
+    `same` steps are these'): the epochs before the last unchanged step's are kept; the
+    rest computed again, carrying the cost before them. Everything again when no epoch
+    before them has a cost of its own (theirs came from a later epoch, or from the
+    engine's run-wide fallback)."""
     start = c[cols.START]
     if was is not None and same > 0:
         epoch = start[same - 1] // cols.SOLO_EPOCH_NS * cols.SOLO_EPOCH_NS
         k = int(np.searchsorted(start, epoch, side="left"))
         if 0 <= was.first_solo < k:
-            tail = cols.step_solo_us(c[:, k:], carry=float(was.solo_us[k - 1]))
+            tail, _ = cols.solo_by_epoch(c[:, k:], carry=float(was.solo_us[k - 1]))
             return k, np.concatenate([was.solo_us[:k], tail]), was.first_solo
-    found = cols.solo_candidates(c)
-    candidate = ~np.isnan(found[0])
-    first = int(np.argmax(candidate)) if candidate.any() else -1
-    return 0, cols.step_solo_us(c, candidates=found), first
+    solo_us, first = cols.solo_by_epoch(c)
+    return 0, solo_us, first
 
 
 class _Solo:

@@ -59,6 +59,9 @@ RANK_SLACK_NS = 10**9  # other TP ranks record the same step within this
 # latest, less the 20 s they look back, before every record is joined again)
 RECENT_SLACKS = 8
 SOLO_EPOCH_NS = 60 * 10**9  # TPOT's solo forward cost is a median per minute (`step_solo_us`)
+# a minute's own solo cost needs this many one-request steps: the median of fewer is noise
+# (one step beside a GC pause), and such a minute takes its neighbours' (`step_solo_us`)
+SOLO_MIN_STEPS = 8
 
 
 def empty() -> Columns:
@@ -479,23 +482,37 @@ def step_solo_us(
     candidates: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """Per step of columns sorted by start, the solo forward cost (µs, NaN: none) TPOT
-    caps its forward at: the median forward of the one-decode-request steps that start
-    in the same `SOLO_EPOCH_NS` (on the clock of the starts); an epoch without such a step
-    takes the last earlier epoch's, else the first later one's; an engine with none at
-    all, its smallest forward of a step that computed anything (`solo_forward_us`'s
-    fallback).
+    caps its forward at (`solo_by_epoch`'s first half)."""
+    return solo_by_epoch(c, carry, candidates)[0]
+
+
+def solo_by_epoch(
+    c: Columns,
+    carry: float | None = None,
+    candidates: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, int]:
+    """(per step of columns sorted by start, the solo forward cost in µs (NaN: none);
+    the first step of the first epoch with a cost of its own, -1 without one).
+
+    An epoch's own cost is the median forward of the one-decode-request steps that start
+    in the same `SOLO_EPOCH_NS` (on the clock of the starts), when it has at least
+    `SOLO_MIN_STEPS` of them. An epoch without (none, or too few for a median that is not
+    noise) takes the last earlier epoch's, else the first later one's; when no epoch has
+    its own, every step takes the median of all one-request steps (the engine's run-wide
+    `solo_forward_us`), and an engine with none at all its smallest forward of a step
+    that computed anything (`solo_forward_us`'s fallback).
 
     Per epoch, not per run: a Live refresh moves only the solo cost of the epochs its
     new steps fall in, so only requests decoding there are split again (one cost for
     the run moved with almost every refresh and split every request again), and a cost
     that drifts over a long run (other load on the host, a warmer cache) is followed.
     `carry`: the solo cost before these steps (they continue an engine's steps, a
-    refresh's tail): epochs without such a step before any with one take it.
+    refresh's tail): epochs without their own before any with one take it.
     `candidates`: `solo_candidates(c)`, when the caller has them."""
     n = c.shape[1]
     solo, busy = solo_candidates(c) if candidates is None else candidates
     if not n:
-        return np.full(0, np.nan)
+        return np.full(0, np.nan), -1
     epoch = c[START] // SOLO_EPOCH_NS
     cut = np.flatnonzero(epoch[1:] != epoch[:-1]) + 1
     lo, hi = np.concatenate([[0], cut]), np.concatenate([cut, [n]])
@@ -503,9 +520,10 @@ def step_solo_us(
     for k, (a, b) in enumerate(zip(lo.tolist(), hi.tolist(), strict=True)):
         v = solo[a:b]
         v = v[~np.isnan(v)]
-        if len(v):
+        if len(v) >= SOLO_MIN_STEPS:
             per[k] = median(v)
     have = ~np.isnan(per)
+    first = int(lo[int(np.argmax(have))]) if have.any() else -1
     if have.any():
         last = np.maximum.accumulate(np.where(have, np.arange(len(per)), -1))
         per = np.where(last >= 0, per[np.maximum(last, 0)], per[int(np.argmax(have))])
@@ -514,10 +532,12 @@ def step_solo_us(
     elif carry is not None:
         per[:] = carry
     else:
-        ok = ~np.isnan(busy)
+        ok, some = ~np.isnan(solo), ~np.isnan(busy)
         if ok.any():
-            per[:] = float(busy[ok].min())
-    return np.repeat(per, hi - lo)
+            per[:] = median(solo[ok])
+        elif some.any():
+            per[:] = float(busy[some].min())
+    return np.repeat(per, hi - lo), first
 
 
 def solo_candidates(c: Columns) -> tuple[np.ndarray, np.ndarray]:

@@ -6,7 +6,8 @@ instance) that overlap the window are clipped to it, and the window is split int
 
 * ``model forward``: the solo cost of each step's forward (what the step would have cost
   with this request alone: the median forward of D's steps with 1 decode request and 0
-  prefill tokens that started in the same minute, `steps_columns.step_solo_us`), capped
+  prefill tokens that started in the same minute, given at least 8 of them,
+  `steps_columns.step_solo_us`), capped
   at the step's own forward;
 * ``batch sharing``: forward beyond that solo cost (other requests in the batch);
 * ``connector``: connector calls on D's model-runner thread inside the step
