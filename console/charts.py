@@ -21,6 +21,7 @@ from plotly.subplots import make_subplots
 
 from tracedpush import semconv as sc
 from tracedpush.analysis import phases as ph
+from tracedpush.analysis import skew
 from tracedpush.console import zones
 from tracedpush.console.selection import mode_order
 
@@ -95,6 +96,22 @@ def request_title(req: Any) -> str:
         f"{req.mode} · {req.request_id or req.trace_id[:12]} · {tokens} · load {req.load}"
         f" · TTFT {_fmt_ms(req.ttft_ms)}"
     )
+
+
+def offset_windows(run: Any, moved: Sequence[str], tz: tzinfo = UTC) -> list[dict[str, Any]]:
+    """A row per window of `run.clock_windows` (`skew.over_time`): its start in `tz`,
+    and each instance of `moved`'s offset there, "!" where the run's one offset is
+    outside that window's evidence (or the evidence contradicts itself)."""
+    rows = []
+    for w in run.clock_windows:
+        row: dict[str, Any] = {
+            "from": zones.moment(w.start_unix_ms, tz),
+            "to": zones.moment(w.end_unix_ms, tz),
+        }
+        for x in moved:
+            row[f"{x} ms"] = skew.window_cell(w.offsets.get(x), run.clock_offsets[x].offset_ms, "±")
+        rows.append(row)
+    return rows
 
 
 def offsets_note(requests: Sequence[Any], offsets: Mapping[str, Any]) -> str:

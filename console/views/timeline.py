@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from tracedpush.analysis import skew
 from tracedpush.console import charts, selection, ui, zones
 
 snap = ui.snapshot()
@@ -143,6 +144,7 @@ else:
         "for the forward / connector split. Steps are placed on the proxy's clock with "
         "the offsets below."
     )
+tz = ui.browser_zone()
 offsets = [
     {
         "instance": o.instance,
@@ -161,8 +163,18 @@ if offsets:
         + ("" if run.skew_corrected else " (estimated only: correction is off)")
     )
     st.dataframe(pd.DataFrame(offsets), hide_index=True)
+    moved = sorted(
+        skew.outside(run.clock_offsets, run.clock_windows) & {o["instance"] for o in offsets}
+    )
+    if moved:
+        st.warning(
+            f"The clock of {', '.join(moved)} moved during the run: estimated from each "
+            "stretch of the run alone, the run's one offset is outside the evidence in "
+            "some (marked). Requests there are off by about the difference; look for a "
+            "clock step (NTP) at that time."
+        )
+        st.dataframe(pd.DataFrame(charts.offset_windows(run, moved, tz)), hide_index=True)
 
-tz = ui.browser_zone()
 for r, col in zip(shown, st.columns(len(shown)), strict=True):
     with col:
         st.subheader(f"{r.mode} · {r.request_id}")

@@ -148,3 +148,30 @@ def test_prefill_ranks_are_lanes_and_the_last_to_land_is_lit(app, traces, tp_req
     (notify,) = [c[4] for t in (dimmed, lit) for n, c in zip(t["text"], t["customdata"],
                  strict=True) if n == sc.SPAN_KV_NOTIFY]  # fmt: skip
     assert "notify.expected=2" in notify and "notify.ranks=[1, 0]" in notify
+
+
+def test_a_clock_that_stepped_is_shown_with_its_windows(app, tmp_path):
+    """D's clock steps 25 ms mid-run: the Timeline warns that it moved and lists its
+    offset per stretch of the run, the run's one offset marked where it does not fit.
+    A run whose clocks held (the `traces` fixture's) gets no such warning."""
+    from tracedpush.testing import synthetic
+
+    plain = synthetic.generate(120, seed=4)
+    half = (plain.requests[-1].start_unix_ns - plain.requests[0].start_unix_ns) / 2e9
+    gen = synthetic.generate(120, seed=4, clock_steps_ms={"decode-0": (half, 25.0)})
+    gen.write(tmp_path / "stepped")
+    at = app(traces=tmp_path / "stepped", page="views/timeline.py")
+    no_exception(at)
+    (warning,) = [w.value for w in at.warning if "moved during the run" in w.value]
+    assert "decode-0" in warning
+    frames = [df.value for df in at.dataframe]
+    windows = next(f for f in frames if "decode-0 ms" in f.columns)
+    cells = windows["decode-0 ms"].tolist()
+    assert sum(c.endswith("!") for c in cells) >= 2  # before and after the step
+    assert windows["from"].str.endswith("UTC").all()
+
+
+def test_steady_clocks_get_no_moved_warning(app, traces, expected):
+    req = _push_with_registration_first(traces, expected)
+    at = app(traces=traces[0], page="views/timeline.py", query={"request": req.trace_id})
+    assert not [w for w in at.warning if "moved during the run" in w.value]

@@ -13,6 +13,7 @@ trace files::
     r.hidden                                        # overlapped phases, e.g. push's kv.register
     r.spans                                         # SpanView per span, on lanes, skew-corrected
     run.clock_offsets                               # {instance: ClockOffset(offset_ms, ...)}
+    run.clock_windows                               # the same per stretch of the run (reported)
     run.table()                                     # one flat dict per request
     run_json(run)                                   # the documented JSON report
     cmp = compare(run)                              # push vs pull per prompt bucket and load

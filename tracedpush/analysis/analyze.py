@@ -21,6 +21,7 @@ from tracedpush.analysis.model import (
     STATUS_OK,
     ClockOffset,
     LoadStats,
+    OffsetWindow,
     Resource,
     Span,
     SpanView,
@@ -111,7 +112,13 @@ def _analyze(
     resources = {id(s.resource): s.resource for ix in indexes for s in ix.spans}
     dom = skew.domains(resources.values())
     ref = _reference(indexes, dom)
-    offsets: dict[str, ClockOffset] = skew.estimate(indexes, dom, ref, skew_policy) if ref else {}
+    offsets: dict[str, ClockOffset] = {}
+    windows: list[OffsetWindow] = []
+    if ref:
+        timed: list[tuple[int, str, str, int]] = []
+        edges = skew.collect(indexes, dom, timed)
+        offsets = skew.estimate_edges(edges, dom, ref, skew_policy)
+        windows = skew.over_time_of(timed, dom, ref, skew_policy)
     applied = {label: (o.offset_ms if correct_skew else 0.0) for label, o in offsets.items()}
     off_ns = {rid: round(applied.get(dom[r], 0.0) * 1e6) for rid, r in resources.items()}
 
@@ -128,6 +135,7 @@ def _analyze(
     return RunAnalysis(
         requests=requests,
         clock_offsets=offsets,
+        clock_windows=windows,
         stats=stats,
         skew_corrected=correct_skew,
         skew_policy=skew_policy,

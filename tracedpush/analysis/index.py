@@ -154,7 +154,8 @@ class _State:
     next_seq: int = 0
     process_version: int = 0  # bumped when per-process spans arrive
     tpot_key: Any = None  # the engine steps the kept TPOT breakdowns were split over
-    # (skew policy, offsets, labels) of the last update: they hold while no trace changes
+    # (skew policy, offsets, labels, offsets over time) of the last update: they hold
+    # while no trace changes
     offsets: Any = None
     off: list[int] | None = None  # ns offset per resource the kept results were made with
     behind: int = 0  # kept results still made with older offsets than `off` (see `update`)
@@ -846,6 +847,7 @@ class AnalysisIndex:
         return RunAnalysis(
             requests=lazy,  # type: ignore[arg-type]
             clock_offsets=offsets,
+            clock_windows=state.offsets[3],
             stats=state.stats,
             skew_corrected=self.correct_skew,
             skew_policy=self.skew_policy,

@@ -24,7 +24,7 @@ skew evidence on the first update that needs it: a warm report needs none).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence, Set
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from itertools import chain
 
 import numpy as np
@@ -32,7 +32,7 @@ import numpy as np
 from tracedpush.analysis import skew
 from tracedpush.analysis.columns import RunColumns, SlotColumns
 from tracedpush.analysis.index_store import Kept, TraceFacts
-from tracedpush.analysis.model import ClockOffset, Resource
+from tracedpush.analysis.model import ClockOffset, OffsetWindow, Resource
 from tracedpush.analysis.timeline import bucket_label, load_label
 
 Key = tuple[int, int]  # (resource a, resource b) of a causal pair: a before b
@@ -157,9 +157,11 @@ class TraceSlots:
 
     def offsets(
         self, resources: Sequence[Resource], policy: str
-    ) -> tuple[dict[str, ClockOffset], dict[int, str]]:
-        """`analyze`'s clock offsets, exactly, and each used resource's clock domain."""
-        return self.evidence().offsets(self.root_res[: self.n], resources, policy)
+    ) -> tuple[dict[str, ClockOffset], dict[int, str], list[OffsetWindow]]:
+        """`analyze`'s clock offsets, exactly, each used resource's clock domain, and
+        `analyze`'s offsets per stretch of the run (`skew.over_time`)."""
+        n = self.n
+        return self.evidence().offsets(self.root_res[:n], resources, policy, self.root_iv[:n, 0])
 
     def evidence(self) -> SkewEvidence:
         """The skew evidence of every trace (made from the kept facts on first use)."""
@@ -268,10 +270,11 @@ class SkewEvidence:
                 low[a, b] = int(p[..., 2][mine].min())
 
     def offsets(
-        self, roots: np.ndarray, resources: Sequence[Resource], policy: str
-    ) -> tuple[dict[str, ClockOffset], dict[int, str]]:
-        """`analyze`'s clock offsets, exactly, and each used resource's clock domain;
-        `roots`: each slot's root resource (-1: none)."""
+        self, roots: np.ndarray, resources: Sequence[Resource], policy: str, starts: np.ndarray
+    ) -> tuple[dict[str, ClockOffset], dict[int, str], list[OffsetWindow]]:
+        """`analyze`'s clock offsets, exactly, each used resource's clock domain, and
+        the offsets per stretch of the run; `roots`: each slot's root resource (-1:
+        none), `starts`: its raw start (ns)."""
         res = self.res[: self.n].ravel()
         seen = _tally(res)
         used = sorted(seen, key=lambda r: seen[r][1])  # as first met, slot by slot
@@ -282,8 +285,33 @@ class SkewEvidence:
         else:  # else the clock with the most spans
             ref = _most_common(_tally(res, self.res_n[: self.n].ravel()), label)
         if not ref:
-            return {}, label
-        return skew.estimate_edges(self.edges(label), dom, ref, policy), label
+            return {}, label, []
+        offsets = skew.estimate_edges(self.edges(label), dom, ref, policy)
+        return offsets, label, self.over_time(roots, starts, label, dom, ref, policy)
+
+    def over_time(
+        self,
+        roots: np.ndarray,
+        starts: np.ndarray,
+        label: dict[int, str],
+        dom: Mapping[Resource, str],
+        ref: str,
+        policy: str,
+    ) -> list[OffsetWindow]:
+        """`skew.over_time` of the pairs of the slots with a proxy root, as `analyze`
+        gives it (`skew.collect`'s ``timed``)."""
+        n = min(self.n, len(roots))
+        p = self.pairs[:n]
+        slot = np.repeat(np.arange(n), p.shape[1])
+        p = p.reshape(-1, 3)
+        ok = (p[:, 0] >= 0) & (roots[slot] >= 0)
+        p, slot = p[ok], slot[ok]
+        names = sorted(set(label.values()))
+        code = np.full(max(label, default=0) + 1, -1, dtype=np.int64)
+        for r, x in label.items():
+            code[r] = names.index(x)
+        a, b = code[p[:, 0]], code[p[:, 1]]
+        return skew.over_time(starts[slot], a, b, p[:, 2], names, dom, ref, policy)
 
     def edges(self, label: dict[int, str]) -> skew.Edges:
         """`skew.collect`'s edges between clock domains, from the resource pairs."""

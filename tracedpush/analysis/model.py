@@ -226,3 +226,22 @@ class ClockOffset:
             "consistent": self.consistent,
             "host_clock": self.host_clock,
         }
+
+
+@dataclass(slots=True)
+class OffsetWindow:
+    """The clock offsets estimated from one stretch of the run alone (`skew.over_time`):
+    the requests whose proxy root started in [start, end) on the proxy's raw clock.
+    Beside the run's one offset per instance, they show a clock that stepped or drifted
+    (the run's offset then falls outside some window's evidence)."""
+
+    start_unix_ms: float
+    end_unix_ms: float
+    offsets: dict[str, ClockOffset]  # those of instances with pairs in the window
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "start_unix_ms": self.start_unix_ms,
+            "end_unix_ms": self.end_unix_ms,
+            "offsets_ms": {k: v.to_json() for k, v in sorted(self.offsets.items())},
+        }

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections import Counter
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from tracedpush.analysis import phases as ph
+from tracedpush.analysis import skew
 from tracedpush.analysis.columns import columns_of
 from tracedpush.analysis.compare import (
     ALL,
@@ -203,7 +206,31 @@ def _offsets(run: RunAnalysis) -> str:
     body = table(
         ["instance", "host", "offset ms", "+/- ms", "lo ms", "hi ms", "pairs", "note"], rows
     )
+    moved = sorted(skew.outside(run.clock_offsets, run.clock_windows))
+    if moved:
+        body += "\n\n" + _offsets_over_time(run, moved)
     return _section("Clock offsets (corrected = raw - offset)", body)
+
+
+def _offsets_over_time(run: RunAnalysis, moved: list[str]) -> str:
+    """The windows' offsets of the instances whose clock moved (`skew.outside`)."""
+    rows = []
+    for w in run.clock_windows:
+        row: list[Any] = [_utc(w.start_unix_ms), _utc(w.end_unix_ms)]
+        row += [skew.window_cell(w.offsets.get(x), run.clock_offsets[x].offset_ms) for x in moved]
+        rows.append(row)
+    note = (
+        f"The clock of {', '.join(moved)} moved during the run: estimated from each "
+        "stretch alone (requests by their proxy root's start), the run's one offset is "
+        "outside the evidence where marked !. Results use the run's offset, so requests "
+        "there are off by about the difference; look for a clock step (NTP) at that time."
+    )
+    head = ["from (UTC)", "to (UTC)", *[f"{x} ms" for x in moved]]
+    return textwrap.fill(note, 100) + "\n" + table(head, rows)
+
+
+def _utc(unix_ms: float) -> str:
+    return datetime.fromtimestamp(unix_ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _stat(g: ComparisonGroup, what: str, mode: str, q: str) -> float | None:

@@ -154,6 +154,7 @@ def _document(run: RunAnalysis, requests: Any) -> dict[str, Any]:
         "skew_policy": run.skew_policy,
         "load_stats": run.stats.to_json(),
         "clock_offsets_ms": {k: v.to_json() for k, v in run.clock_offsets.items()},
+        "clock_offsets_over_time": [w.to_json() for w in run.clock_windows],
         "sampling": run.sampling().to_json(),
         "requests": requests,
         "failures": run.failures().to_json(),

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from tracedpush.analysis import forked
 from tracedpush.analysis.failures import Failure, FailureSummary, _missing_spans, summarize
-from tracedpush.analysis.model import ClockOffset, LoadStats, Segment, SpanView
+from tracedpush.analysis.model import ClockOffset, LoadStats, OffsetWindow, Segment, SpanView
 from tracedpush.analysis.sampling import Sampling
 from tracedpush.analysis.sampling import summarize as summarize_sampling
 
@@ -233,6 +233,8 @@ class RunAnalysis:
     requests: list[RequestAnalysis]
     clock_offsets: dict[str, ClockOffset]
     stats: LoadStats = field(default_factory=LoadStats)
+    # the offsets estimated again per stretch of the run (`skew.over_time`; reported only)
+    clock_windows: list[OffsetWindow] = field(default_factory=list)
     skew_corrected: bool = True
     buckets: tuple[int, ...] = ()
     load_buckets: tuple[int, ...] = ()
@@ -370,6 +372,7 @@ class RunAnalysis:
         return RunAnalysis(
             requests=requests,  # type: ignore[arg-type]
             clock_offsets=self.clock_offsets,
+            clock_windows=self.clock_windows,
             stats=self.stats,
             skew_corrected=self.skew_corrected,
             buckets=self.buckets,

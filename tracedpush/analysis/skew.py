@@ -37,18 +37,28 @@ How the offset is chosen (and why):
   re-tightening the others, so the chosen offsets are jointly consistent.
 * If the pairs contradict each other (lo > hi, e.g. a clock that jumped), the
   midpoint is used and the offset is flagged ``consistent=False``.
+
+One offset per instance holds for the whole run. `over_time` estimates them again from
+each stretch of the run alone (by the raw start of each request's proxy root), so a
+clock that stepped or drifted shows where: the run's offset falls outside the evidence
+of some windows. Those are reported, not applied.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from tracedpush import semconv as sc
-from tracedpush.analysis.model import STATUS_ERROR, ClockOffset, Resource, Span
+from tracedpush.analysis.model import STATUS_ERROR, ClockOffset, OffsetWindow, Resource, Span
 from tracedpush.analysis.timeline import DECODE, PREFILL, PROXY, TraceIndex
 
 INF = float("inf")
+# `over_time`: the run's time in at most this many windows, each at least this long
+WINDOWS = 12
+MIN_WINDOW_NS = 10 * 10**9
 
 Pair = tuple[Span, int, Span, int]  # (a, a's raw time, b, b's raw time): a before b
 
@@ -122,11 +132,19 @@ class Edges:
     n: dict[str, int]
 
 
-def collect(indexes: Iterable[TraceIndex], dom: Mapping[Resource, str]) -> Edges:
+def collect(
+    indexes: Iterable[TraceIndex],
+    dom: Mapping[Resource, str],
+    timed: list[tuple[int, str, str, int]] | None = None,
+) -> Edges:
+    """The edges between clock domains of every trace's causal pairs. `timed`, if
+    given, gets each pair of a trace with a proxy root as (the root's raw start ns,
+    domain a, domain b, slack ns), for `over_time`."""
     w: dict[tuple[str, str], int] = {}
     n: dict[str, int] = {}
     by_id = {id(r): label for r, label in dom.items()}
     for ix in indexes:
+        root = None if timed is None or ix.root is None else ix.root.start_ns
         for a, ta, b, tb in causal_pairs(ix):
             da, db = by_id[id(a.resource)], by_id[id(b.resource)]
             if da == db:
@@ -138,7 +156,81 @@ def collect(indexes: Iterable[TraceIndex], dom: Mapping[Resource, str]) -> Edges
                 w[key] = slack
             n[da] = n.get(da, 0) + 1
             n[db] = n.get(db, 0) + 1
+            if root is not None:
+                timed.append((root, da, db, slack))  # type: ignore[union-attr]
     return Edges(w, n)
+
+
+def over_time_of(
+    timed: Sequence[tuple[int, str, str, int]],
+    dom: Mapping[Resource, str],
+    reference: str,
+    policy: str = "midpoint",
+) -> list[OffsetWindow]:
+    """`over_time` of the pairs `collect` gave in `timed`."""
+    names = sorted({x for _t, a, b, _s in timed for x in (a, b)})
+    code = {x: i for i, x in enumerate(names)}
+    cols = list(zip(*timed, strict=True)) if timed else [(), (), (), ()]
+    return over_time(
+        np.array(cols[0], dtype=np.int64),
+        np.array([code[x] for x in cols[1]], dtype=np.int64),
+        np.array([code[x] for x in cols[2]], dtype=np.int64),
+        np.array(cols[3], dtype=np.int64),
+        names,
+        dom,
+        reference,
+        policy,
+    )
+
+
+def over_time(
+    times: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    slack: np.ndarray,
+    names: Sequence[str],
+    dom: Mapping[Resource, str],
+    reference: str,
+    policy: str = "midpoint",
+) -> list[OffsetWindow]:
+    """The clock offsets of each stretch of the run, estimated from its pairs alone.
+
+    Pair i (domain ``names[a[i]]`` before ``names[b[i]]``, ``slack[i]`` ns) belongs to
+    the request whose proxy root started at raw ``times[i]`` ns; the run from the first
+    to the last is cut into `WINDOWS` equal windows of whole seconds, at least
+    `MIN_WINDOW_NS` each, and `estimate_edges` runs on each window's pairs (as on the
+    run's, same reference and policy). Windows without pairs are left out; each lists
+    the instances with pairs in it, and the reference."""
+    keep = a != b
+    times, a, b, slack = times[keep], a[keep], b[keep], slack[keep]
+    if not len(times) or not reference:
+        return []
+    t0, t1 = int(times.min()), int(times.max())
+    width = max(MIN_WINDOW_NS, -(-(t1 - t0 + 1) // WINDOWS))
+    width = -(-width // 10**9) * 10**9
+    m = len(names)
+    win = (times - t0) // width
+    nwin = int(win.max()) + 1
+    # the lowest slack per (window, a, b): a few hundred keys at most, so a dense table
+    low = np.full(nwin * m * m, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(low, (win * m + a) * m + b, slack)
+    keys = np.flatnonzero(low != np.iinfo(np.int64).max)
+    low = low[keys]
+    count = np.bincount(win * m + a, minlength=nwin * m) + np.bincount(
+        win * m + b, minlength=nwin * m
+    )
+    count = count.reshape(nwin, m).tolist()
+    kw, ka, kb = (keys // (m * m)).tolist(), (keys // m % m).tolist(), (keys % m).tolist()
+    edges: dict[int, dict[tuple[str, str], int]] = {}
+    for w, x, y, s in zip(kw, ka, kb, low.tolist(), strict=True):
+        edges.setdefault(w, {})[names[x], names[y]] = s
+    out = []
+    for w, e in sorted(edges.items()):
+        n = {names[i]: c for i, c in enumerate(count[w]) if c}
+        got = estimate_edges(Edges(e, n), dom, reference, policy)
+        shown = {x: o for x, o in got.items() if o.pairs or o.reference}
+        out.append(OffsetWindow((t0 + w * width) / 1e6, (t0 + (w + 1) * width) / 1e6, shown))
+    return out
 
 
 def _shortest(nodes: list[str], w: Mapping[tuple[str, str], float]) -> dict[str, dict[str, float]]:
@@ -308,3 +400,30 @@ def _choose(lo: float, hi: float, policy: str) -> float:
     if policy == "zero" and lo <= 0.0 <= hi:
         return 0.0
     return (lo + hi) / 2.0
+
+
+def outside(offsets: Mapping[str, ClockOffset], windows: Sequence[OffsetWindow]) -> set[str]:
+    """The instances whose run-wide offset some window's evidence alone excludes (its
+    pairs contradict each other there, or the offset is outside their [lo, hi]): their
+    clock stepped or drifted during the run. A consistent run has none: its interval is
+    within every window's."""
+    out = set()
+    for w in windows:
+        for x, o in w.offsets.items():
+            run = offsets.get(x)
+            if run is None or o.reference or not o.pairs:
+                continue
+            if not o.consistent or not o.lo_ms <= run.offset_ms <= o.hi_ms:
+                out.add(x)
+    return out
+
+
+def window_cell(o: ClockOffset | None, run_ms: float, pm: str = "+/-") -> str:
+    """One instance's offset in one window of `over_time` for a table: "" without
+    pairs there, a "!" where the run's offset `run_ms` is outside that evidence."""
+    if o is None or not o.pairs:
+        return ""
+    if not o.consistent:
+        return f"contradicts itself ({o.pairs} pairs) !"
+    mark = "" if o.lo_ms <= run_ms <= o.hi_ms else " !"
+    return f"{o.offset_ms:+.3f} {pm} {o.bound_ms:.3f} ({o.pairs} pairs){mark}"

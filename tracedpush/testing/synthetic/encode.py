@@ -87,21 +87,35 @@ class Process:
 class Emitter:
     """Draws ids from the run's generator and records spans given on the true clock."""
 
-    def __init__(self, rng: random.Random, base_ns: int, offsets_ns: Mapping[str, int]) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        base_ns: int,
+        offsets_ns: Mapping[str, int],
+        steps_ns: Mapping[str, tuple[float, int]] | None = None,
+    ) -> None:
         self.rng = rng
         self.base_ns = base_ns
         self.offsets_ns = offsets_ns  # instance -> how far its clock is ahead
+        # instance -> (true ms into the run, ns): its clock steps by that much then
+        self.steps_ns = steps_ns or {}
 
     def new_id(self, nbytes: int) -> int:
         return self.rng.getrandbits(nbytes * 8)
 
     def ns(self, ms: float, proc: Process) -> int:
         """True-clock ms -> the unix ns `proc`'s clock shows then."""
-        return self.base_ns + round(ms * 1e6) + self.offsets_ns.get(proc.instance, 0)
+        return self.base_ns + round(ms * 1e6) + self._offset(ms, proc)
 
     def true_ms(self, ns: int, proc: Process) -> float:
-        """Inverse of `ns`."""
-        return (ns - self.base_ns - self.offsets_ns.get(proc.instance, 0)) / 1e6
+        """Inverse of `ns` (after a step, the later time where both would fit)."""
+        at, step = self.steps_ns.get(proc.instance, (float("inf"), 0))
+        ms = (ns - self.base_ns - self.offsets_ns.get(proc.instance, 0)) / 1e6
+        return ms - step / 1e6 if ms - step / 1e6 >= at else ms
+
+    def _offset(self, ms: float, proc: Process) -> int:
+        at, step = self.steps_ns.get(proc.instance, (float("inf"), 0))
+        return self.offsets_ns.get(proc.instance, 0) + (step if ms >= at else 0)
 
     def span(
         self,

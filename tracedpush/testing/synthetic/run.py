@@ -91,6 +91,7 @@ def generate(
     output_tokens: tuple[int, int] = (16, 64),
     qps: Sequence[float] = (2.0, 6.0, 12.0),
     clock_offsets_ms: Mapping[str, float] | None = None,
+    clock_steps_ms: Mapping[str, tuple[float, float]] | None = None,
     hosts: Mapping[str, str] | None = None,
     start_unix_s: float = 1_760_000_000.0,
     batch: int = 64,
@@ -105,6 +106,8 @@ def generate(
     `prompt_tokens`: None (log-uniform 64..8192), ``(lo, hi)`` or a sequence cycled.
     `qps`: arrival rates cycled in waves of 25 requests, so load varies within a run.
     `clock_offsets_ms`: instance -> how far its clock is ahead of the proxy's.
+    `clock_steps_ms`: instance -> (seconds into the run, ms): its clock steps by that
+    much then (a clock set mid-run), on top of its offset.
     `drop_spans`: span name -> probability that a request loses that span.
     `registration_late`: push: share of requests whose D registration arrives after P
     finished prefill (D admission delayed), so both rendezvous orders occur.
@@ -117,7 +120,10 @@ def generate(
     rng = random.Random(seed)
     offsets_ns = {k: round(v * 1e6) for k, v in (clock_offsets_ms or {}).items()}
     host_of = {**DEFAULT_HOSTS, **(hosts or {})}
-    em = Emitter(rng, int(start_unix_s * 1e9), offsets_ns)
+    steps_ns = {
+        k: (at_s * 1e3, round(ms * 1e6)) for k, (at_s, ms) in (clock_steps_ms or {}).items()
+    }
+    em = Emitter(rng, int(start_unix_s * 1e9), offsets_ns, steps_ns)
     files: dict[str, list[dict[str, Any]]] = {}
     spans: dict[str, list[ReadableSpan]] = {}
     requests: list[SyntheticRequest] = []
