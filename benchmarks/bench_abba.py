@@ -5,7 +5,8 @@ ratio B / A: how a change to `report` or `compare` is measured before it is clai
 Each side is a git checkout (``git worktree add --detach``, removed afterwards; ``.``
 is the working tree, uncommitted changes included) run with its own `tracedpush` first
 on the path, and with its own index directory: the index's digest covers the analysis
-code, so a side never reads what the other built. The stages:
+code, so a side never reads what the other built. Name a commit, not ``.``, for a side
+whose code may change while this runs (``.`` sees edits in progress). The stages:
 
 * ``warm``: ``tracedpush report --format table`` with the index warm (each side builds
   its index once first, not timed);
