@@ -405,8 +405,11 @@ def _choose(lo: float, hi: float, policy: str) -> float:
 def outside(offsets: Mapping[str, ClockOffset], windows: Sequence[OffsetWindow]) -> set[str]:
     """The instances whose run-wide offset some window's evidence alone excludes (its
     pairs contradict each other there, or the offset is outside their [lo, hi]): their
-    clock stepped or drifted during the run. A consistent run has none: its interval is
-    within every window's."""
+    clock stepped or drifted during the run. A run whose pairs contradict nothing has
+    none (its interval is within every window's). Where they contradict each other
+    somewhere, an instance judged by its direct pairs alone may look consistent and still
+    have moved: its offset is then the stretch's with the tightest pairs, and this finds
+    it."""
     out = set()
     for w in windows:
         for x, o in w.offsets.items():
