@@ -15,6 +15,7 @@ from typing import Any
 
 import streamlit as st
 
+from tracedpush.analysis import skew
 from tracedpush.console import data, zones
 from tracedpush.console.source import Source, bench_from_args, from_args
 
@@ -113,6 +114,15 @@ def load_notes(snap: data.Snapshot) -> None:
             f"The clock offsets moved: {snap.behind:,} older requests are still analysed "
             f"with the previous ones; Reload or the Live page analyses them again, "
             f"{data.REANALYSE_PER_REFRESH:,} a refresh, newest first."
+        )
+    run = snap.run
+    moved = [] if run is None else sorted(skew.outside(run.clock_offsets, run.clock_windows))
+    if moved:
+        st.warning(
+            f"The clock of {', '.join(moved)} moved during the run (a clock step or drift): "
+            "one offset per instance does not fit the whole run, so phases measured across "
+            "that clock are off by up to the move for part of it. A request's Timeline "
+            "shows the offsets per stretch of the run; so does `tracedpush report`."
         )
 
 

@@ -167,11 +167,11 @@ if offsets:
         skew.outside(run.clock_offsets, run.clock_windows) & {o["instance"] for o in offsets}
     )
     if moved:
-        st.warning(
-            f"The clock of {', '.join(moved)} moved during the run: estimated from each "
-            "stretch of the run alone, the run's one offset is outside the evidence in "
-            "some (marked). Requests there are off by about the difference; look for a "
-            "clock step (NTP) at that time."
+        st.caption(
+            f"The clock of {', '.join(moved)} moved: its offset estimated from each stretch "
+            "of the run alone (requests by arrival). Where marked !, the run's one offset "
+            "is outside that stretch's evidence: requests there are off by about the "
+            "difference; look for a clock step (NTP) at that time."
         )
         st.dataframe(pd.DataFrame(charts.offset_windows(run, moved, tz)), hide_index=True)
 

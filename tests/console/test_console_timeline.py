@@ -151,9 +151,10 @@ def test_prefill_ranks_are_lanes_and_the_last_to_land_is_lit(app, traces, tp_req
 
 
 def test_a_clock_that_stepped_is_shown_with_its_windows(app, tmp_path):
-    """D's clock steps 25 ms mid-run: the Timeline warns that it moved and lists its
-    offset per stretch of the run, the run's one offset marked where it does not fit.
-    A run whose clocks held (the `traces` fixture's) gets no such warning."""
+    """D's clock steps 25 ms mid-run: every page warns that it moved (the Overview
+    here), and the Timeline lists its offset per stretch of the run, the run's one
+    offset marked where it does not fit. A run whose clocks held (the `traces`
+    fixture's) gets no such warning."""
     from tracedpush.testing import synthetic
 
     plain = synthetic.generate(120, seed=4)
@@ -169,6 +170,9 @@ def test_a_clock_that_stepped_is_shown_with_its_windows(app, tmp_path):
     cells = windows["decode-0 ms"].tolist()
     assert sum(c.endswith("!") for c in cells) >= 2  # before and after the step
     assert windows["from"].str.endswith("UTC").all()
+    overview = app(traces=tmp_path / "stepped")
+    no_exception(overview)
+    assert [w.value for w in overview.warning if "moved during the run" in w.value] == [warning]
 
 
 def test_steady_clocks_get_no_moved_warning(app, traces, expected):
