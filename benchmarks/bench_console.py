@@ -7,8 +7,9 @@ Generates synthetic push/pull traces (tracedpush.testing.synthetic), then measur
   script run that builds every figure),
 * a real browser (headless Chromium against `tracedpush console`'s server): how long the
   server takes from its start until its warm-up has loaded and analysed the run
-  (`console.server`), the first visit after that, and new sessions afterwards, each until
-  the script has finished and every Plotly chart has drawn.
+  (`console.server`), the first visit after that, new sessions afterwards, and each
+  page as the first visit of a new browser (Streamlit's JavaScript not cached), each
+  until the script has finished and every Plotly chart has drawn.
 
 Prints a table and writes docs/benchmarks/console.md and console.json.
 
@@ -146,6 +147,13 @@ def _browser(directory: Path, repeats: int) -> dict[str, dict[str, float]]:
             for name, (_, url_path, charts) in PAGES.items():  # returning browser
                 times = [_visit(driver, f"{server.url}/{url_path}", charts) for _ in range(repeats)]
                 out[name] = {"median_s": statistics.median(times), "max_s": max(times)}
+        for name, (_, url_path, charts) in PAGES.items():  # each page in a new browser
+            if not url_path:
+                continue  # the overview: above
+            with browser.chromium() as driver:
+                driver.get(f"{server.url}/_stcore/health")
+                took = _visit(driver, f"{server.url}/{url_path}", charts)
+                out[f"_fresh_browser_{name}"] = {"median_s": took, "max_s": took}
     return out
 
 
@@ -190,8 +198,10 @@ def _markdown(result: dict) -> str:
             "_ready": "server start until ready (load, analysis, warm-up; no visitor)",
             "_first_visit": "overview, the first visit once ready (nothing cached in it)",
             "_cold_overview": "first visit after server start (includes load + analysis)",
-            "_fresh_browser_overview": "overview, new browser (nothing cached), analysis cached",
         }.get(name, f"{name}, new session, analysis cached")
+        if name.startswith("_fresh_browser_"):
+            page = name.removeprefix("_fresh_browser_")
+            label = f"{page}, new browser (nothing cached), analysis cached"
         lines.append(f"| Chromium {label} | {row['median_s']:.2f} | {row['max_s']:.2f} |")
     lines += [
         "",
