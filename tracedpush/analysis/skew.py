@@ -252,27 +252,16 @@ def _shortest(nodes: list[str], w: Mapping[tuple[str, str], float]) -> dict[str,
 POLICIES = ("midpoint", "zero")
 
 
-def estimate(
-    indexes: Iterable[TraceIndex],
-    dom: Mapping[Resource, str],
-    reference: str,
-    policy: str = "midpoint",
+def estimate_edges(
+    edges: Edges, dom: Mapping[Resource, str], reference: str, policy: str = "midpoint"
 ) -> dict[str, ClockOffset]:
-    """Offsets (ms) of every domain relative to `reference`; see the module docstring.
+    """Offsets (ms) of every domain relative to `reference` from the pairs' edges
+    (`collect`'s; the analysis index keeps each trace's pairs, so a warm report
+    re-estimates offsets without reading a span); see the module docstring.
 
     `policy`: "midpoint" (default, shift-equivariant) or "zero" (keep 0 whenever the
     evidence allows it; the rest get midpoints).
     """
-    if policy not in POLICIES:
-        raise ValueError(f"unknown skew policy {policy!r}; use one of {POLICIES}")
-    return estimate_edges(collect(indexes, dom), dom, reference, policy)
-
-
-def estimate_edges(
-    edges: Edges, dom: Mapping[Resource, str], reference: str, policy: str = "midpoint"
-) -> dict[str, ClockOffset]:
-    """`estimate` from pairs already collected: the analysis index keeps each trace's
-    pairs, so a warm report re-estimates offsets without reading a span."""
     if policy not in POLICIES:
         raise ValueError(f"unknown skew policy {policy!r}; use one of {POLICIES}")
     host = {}

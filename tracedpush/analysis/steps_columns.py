@@ -468,7 +468,11 @@ def median(values: np.ndarray) -> float | int:
 def solo_forward_us(c: Columns) -> float | None:
     """`steps._solo` on columns: the median forward of one-decode-request steps, else
     the smallest forward of steps that computed anything."""
-    solo, busy = solo_candidates(c)
+    return _run_wide(*solo_candidates(c))
+
+
+def _run_wide(solo: np.ndarray, busy: np.ndarray) -> float | None:
+    """`solo_forward_us` of the candidates (`solo_candidates`)."""
     ok = ~np.isnan(solo)
     if ok.any():
         return float(median(solo[ok]))
@@ -532,11 +536,9 @@ def solo_by_epoch(
     elif carry is not None:
         per[:] = carry
     else:
-        ok, some = ~np.isnan(solo), ~np.isnan(busy)
-        if ok.any():
-            per[:] = median(solo[ok])
-        elif some.any():
-            per[:] = float(busy[some].min())
+        run_wide = _run_wide(solo, busy)
+        if run_wide is not None:
+            per[:] = run_wide
     return np.repeat(per, hi - lo), first
 
 
