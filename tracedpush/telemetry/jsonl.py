@@ -2,8 +2,11 @@
 
 Each process writes its own file (`<service>-<host>-<pid>.jsonl`), so lines from
 different processes never interleave. Every line goes out in a single `write(2)` on an
-`O_APPEND` descriptor: a process killed at any moment leaves whole lines only (a
-signal cannot split a write to a regular file). Large batches are split so no line
+`O_APPEND` descriptor, so a process that dies leaves whole lines, but for the one it was
+writing when killed: Linux ends a write to a regular file early, at a page, when a fatal
+signal arrives (a SIGKILL tore an 80 kB line in the test). The loader keeps such a
+trailing line as `partial` and never parses it, and a later process that reuses the pid
+(the same file name) cuts it off before it appends. Large batches are split so no line
 exceeds `max_line_bytes`.
 
 A full or failing file system (ENOSPC, EDQUOT, EFBIG, EIO, ...) never leaves a torn
@@ -59,6 +62,18 @@ class WriteResult:
         return f"{code}: {e.strerror or e}"
 
 
+def _after_last_newline(fd: int, size: int, chunk: int = 1 << 16) -> int:
+    """The offset just after the last newline in the first `size` bytes (0 if none)."""
+    end = size
+    while end > 0:
+        start = max(0, end - chunk)
+        at = os.pread(fd, end - start, start).rfind(b"\n")
+        if at >= 0:
+            return start + at + 1
+        end = start
+    return 0
+
+
 class JsonLinesSpanExporter(SpanExporter):
     """Append spans as OTLP JSON lines to `<directory>/<stem>.jsonl`, rotating by size."""
 
@@ -94,8 +109,12 @@ class JsonLinesSpanExporter(SpanExporter):
                 os.close(fd)
                 self._part += 1
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             self._written = os.fstat(self._fd).st_size
+            if self._written:
+                whole = _after_last_newline(self._fd, self._written)
+                if whole < self._written:  # a killed writer's torn line: cut before appending
+                    self._torn_at = whole
         return self._fd
 
     def _lines(self, spans: Sequence[ReadableSpan]) -> list[tuple[bytes, int]]:
