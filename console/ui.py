@@ -120,8 +120,9 @@ def load_notes(snap: data.Snapshot) -> None:
     if moved:
         st.warning(
             f"The clock of {', '.join(moved)} moved during the run (a clock step or drift): "
-            "one offset per instance does not fit the whole run, so phases measured across "
-            "that clock are off by up to the move for part of it. A request's Timeline "
+            "one offset per instance does not fit the whole run. Its offset is that of the "
+            "stretches with the most pairs, so phases measured across that clock are off "
+            "by up to the move for the rest of the run. A request's Timeline "
             "shows the offsets per stretch of the run; so does `tracedpush report`."
         )
 

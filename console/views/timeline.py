@@ -152,6 +152,7 @@ offsets = [
         "offset ms (subtracted)": o.offset_ms,
         "± bound ms": o.bound_ms,
         "causal pairs": o.pairs,
+        "moved: from pairs": o.stretch_pairs or None,
         "reference clock": o.reference,
     }
     for inst, o in sorted(run.clock_offsets.items())
@@ -169,9 +170,10 @@ if offsets:
     if moved:
         st.caption(
             f"The clock of {', '.join(moved)} moved: its offset estimated from each stretch "
-            "of the run alone (requests by arrival). Where marked !, the run's one offset "
-            "is outside that stretch's evidence: requests there are off by about the "
-            "difference; look for a clock step (NTP) at that time."
+            "of the run alone (requests by arrival). The offset applied is that of the "
+            "stretches with the most pairs; where marked !, it is outside that stretch's "
+            "evidence: requests there are off by about the difference; look for a clock "
+            "step (NTP) at that time."
         )
         st.dataframe(pd.DataFrame(charts.offset_windows(run, moved, tz)), hide_index=True)
 

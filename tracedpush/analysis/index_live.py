@@ -286,8 +286,9 @@ class SkewEvidence:
             ref = _most_common(_tally(res, self.res_n[: self.n].ravel()), label)
         if not ref:
             return {}, label, []
+        windows = self.over_time(roots, starts, label, dom, ref, policy)
         offsets = skew.estimate_edges(self.edges(label), dom, ref, policy)
-        return offsets, label, self.over_time(roots, starts, label, dom, ref, policy)
+        return skew.settle(offsets, windows, policy), label, windows
 
     def over_time(
         self,

@@ -210,6 +210,9 @@ class ClockOffset:
     reference: bool = False  # the clock everything else is expressed in
     consistent: bool = True  # False: the evidence contradicted itself (lo > hi)
     host_clock: bool = False  # tied to the other instances on its host (one kernel clock)
+    # > 0: the clock moved during the run, and this is the offset of the stretches of the
+    # run with the most pairs (this many), [lo_ms, hi_ms] their evidence (`skew.settle`)
+    stretch_pairs: int = 0
 
     def to_json(self) -> dict[str, Any]:
         def num(x: float) -> float | None:
@@ -225,6 +228,7 @@ class ClockOffset:
             "reference": self.reference,
             "consistent": self.consistent,
             "host_clock": self.host_clock,
+            "stretch_pairs": self.stretch_pairs,
         }
 
 

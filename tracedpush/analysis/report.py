@@ -187,6 +187,8 @@ def _offsets(run: RunAnalysis) -> str:
             note = "reference (proxy clock)"
         elif o.pairs == 0:
             note = "no causal pairs: not corrected"
+        elif o.stretch_pairs:
+            note = f"moved: from the stretches with most pairs ({o.stretch_pairs})"
         elif not o.consistent:
             note = "evidence contradicts itself"
         elif o.host_clock:
@@ -222,8 +224,10 @@ def _offsets_over_time(run: RunAnalysis, moved: list[str]) -> str:
     note = (
         f"The clock of {', '.join(moved)} moved during the run: estimated from each "
         "stretch alone (requests by their proxy root's start), the run's one offset is "
-        "outside the evidence where marked !. Results use the run's offset, so requests "
-        "there are off by about the difference; look for a clock step (NTP) at that time."
+        "outside the evidence where marked !. Results use one offset per instance, for a "
+        "moved clock that of the stretches with the most pairs (its lo/hi above), so "
+        "requests where marked are off by about the difference; look for a clock step "
+        "(NTP) at that time."
     )
     head = ["from (UTC)", "to (UTC)", *[f"{x} ms" for x in moved]]
     return textwrap.fill(note, 100) + "\n" + table(head, rows)
