@@ -69,8 +69,21 @@ def test_a_clock_step_is_found_and_placed_in_time(stepped) -> None:
     d = run.clock_offsets[DECODE_INSTANCE]
     assert d.stretch_pairs == pairs_after
     assert d.lo_ms <= STEP_MS <= d.hi_ms and abs(d.offset_ms - STEP_MS) <= d.bound_ms
-    assert d.lo_ms == max(w.offsets[DECODE_INSTANCE].lo_ms for w in after)
-    assert d.hi_ms == min(w.offsets[DECODE_INSTANCE].hi_ms for w in after)
+    # exactly the offset of those stretches' requests analysed alone
+    store = TraceStore.from_documents(gen.documents)
+    alone = analyze(
+        {
+            r.trace_id: list(store.traces[r.trace_id].values())
+            for r in run.requests
+            if r.start_unix_ms >= after[0].start_unix_ms
+        }
+    ).clock_offsets[DECODE_INSTANCE]
+    assert (d.offset_ms, d.bound_ms, d.lo_ms, d.hi_ms) == (
+        alone.offset_ms,
+        alone.bound_ms,
+        alone.lo_ms,
+        alone.hi_ms,
+    )
     text = render(run)
     assert f"moved: from the stretches with most pairs ({pairs_after})" in text
     assert f"The clock of {DECODE_INSTANCE} moved during the run" in text
@@ -122,7 +135,8 @@ def test_a_small_moved_stretch_does_not_set_the_whole_runs_offset(tmp_path: Path
     appended at the end. The pair graph then contradicts itself, D is judged by its
     direct pairs with the proxy, and the moved requests set one bound: the run's
     estimate was -4.92 ms (consistent, applied to all) where nine windows of ten say
-    about 0. Now D gets the offset of the stretches with the most pairs."""
+    about 0. Now D gets the offset of the stretches with the most pairs, the one the run
+    had before the moved requests."""
     first = synthetic.generate(240, seed=1)
     second = synthetic.generate(
         30,
@@ -131,9 +145,17 @@ def test_a_small_moved_stretch_does_not_set_the_whole_runs_offset(tmp_path: Path
         clock_offsets_ms={DECODE_INSTANCE: -3.0},
     )
     first.write(tmp_path / "first")
+    before = analyze(TraceStore.from_paths([tmp_path])).clock_offsets[DECODE_INSTANCE]
     second.write(tmp_path / "second")
     run = analyze(TraceStore.from_paths([tmp_path]))
     d = run.clock_offsets[DECODE_INSTANCE]
+    # the offset the run had before the moved requests came: nothing else moves
+    assert (d.offset_ms, d.bound_ms, d.lo_ms, d.hi_ms) == (
+        before.offset_ms,
+        before.bound_ms,
+        before.lo_ms,
+        before.hi_ms,
+    )
     moved_from = second.requests[0].start_unix_ns / 1e6
     ws = [w.offsets[DECODE_INSTANCE] for w in run.clock_windows if w.end_unix_ms <= moved_from]
     assert len(ws) >= 5 and all(o.consistent for o in ws)
@@ -145,12 +167,30 @@ def test_a_small_moved_stretch_does_not_set_the_whole_runs_offset(tmp_path: Path
     assert skew.outside(run.clock_offsets, run.clock_windows) == {DECODE_INSTANCE}
 
 
+INF = float("inf")
+HAND = {Resource("svc", x, f"{x}-host", "1"): x for x in ("ref", "x", "y")}  # `settle`'s dom
+
+
 def _offset(lo: float, hi: float, pairs: int, *, consistent: bool = True) -> ClockOffset:
     return ClockOffset("x", (lo + hi) / 2, (hi - lo) / 2, pairs, "", lo, hi, consistent=consistent)
 
 
 def _windows(*offsets: ClockOffset) -> list[OffsetWindow]:
-    return [OffsetWindow(i * 1e4, (i + 1) * 1e4, {"x": o}) for i, o in enumerate(offsets)]
+    """A window per offset of "x", with the edges its [lo, hi] says (θ_x in [lo, hi]:
+    θ_x − θ_ref <= hi, θ_ref − θ_x <= −lo)."""
+    out = []
+    for i, o in enumerate(offsets):
+        edges = {}
+        if o.hi_ms != INF:
+            edges["ref", "x"] = round(o.hi_ms * 1e6)
+        if o.lo_ms != -INF:
+            edges["x", "ref"] = round(-o.lo_ms * 1e6)
+        out.append(OffsetWindow(i * 1e4, (i + 1) * 1e4, {"x": o}, edges))
+    return out
+
+
+def _settle(offsets: dict[str, ClockOffset], windows: list[OffsetWindow]) -> dict:
+    return skew.settle(offsets, windows, HAND, "ref")
 
 
 def test_settle_takes_the_point_most_pairs_allow() -> None:
@@ -161,23 +201,39 @@ def test_settle_takes_the_point_most_pairs_allow() -> None:
     run = {"x": ClockOffset("x", 5.0, 6.0, 100, "", -1.0, 11.0, consistent=False)}
     three_small = _windows(_offset(0, 2, 10), _offset(1, 3, 10), _offset(0.5, 2.5, 10))
     one_big = _windows(_offset(9, 10, 40))
-    got = skew.settle(run, three_small + one_big)["x"]
+    got = _settle(run, three_small + one_big)["x"]
     assert (got.lo_ms, got.hi_ms, got.offset_ms, got.stretch_pairs) == (9, 10, 9.5, 40)
-    got = skew.settle(run, three_small)["x"]
+    got = _settle(run, three_small)["x"]
     assert (got.lo_ms, got.hi_ms, got.stretch_pairs) == (1, 2, 30)
     assert got.offset_ms == 1.5 and got.bound_ms == 0.5 and not got.consistent
     tie = _windows(_offset(0, 1, 20), _offset(4, 6, 20), _offset(-9, 9, 5, consistent=False))
-    got = skew.settle(run, tie)["x"]
+    got = _settle(run, tie)["x"]
     assert (got.lo_ms, got.hi_ms, got.stretch_pairs) == (0, 1, 20)
-    half_open = _windows(_offset(2.0, float("inf"), 30), _offset(-5, -4, 10))
-    got = skew.settle(run, half_open)["x"]
-    assert (got.offset_ms, got.bound_ms, got.stretch_pairs) == (2.0, float("inf"), 30)
+    half_open = _windows(_offset(2.0, INF, 30), _offset(-5, -4, 10))
+    got = _settle(run, half_open)["x"]
+    assert (got.offset_ms, got.bound_ms, got.stretch_pairs) == (2.0, INF, 30)
     tied = {"x": dataclasses.replace(run["x"], host_clock=True)}
-    assert skew.settle(tied, three_small) == tied
+    assert _settle(tied, three_small) == tied
     only_bad = _windows(_offset(-9, 9, 5, consistent=False))
-    assert skew.settle(run, only_bad) == run
+    assert _settle(run, only_bad) == run
     fits = {"x": ClockOffset("x", 1.5, 0.5, 30, "", 1.0, 2.0)}  # inside every window
-    assert skew.outside(fits, three_small) == set() and skew.settle(fits, three_small) == fits
+    assert skew.outside(fits, three_small) == set() and _settle(fits, three_small) == fits
+
+
+def test_settle_where_the_picked_windows_contradict_each_other() -> None:
+    """Two windows, each consistent, whose pairs between x and y contradict each other
+    merged (y's clock moved by less than a window shows): no estimate on the merged
+    pairs holds, so x gets what both windows allow, [1, 1.5] (the windows' own
+    intervals, tighter than x's direct pairs with the reference, [0, 2])."""
+    a = _windows(_offset(0.5, 1.5, 20))[0]
+    b = _windows(_offset(1.0, 2.0, 20))[0]
+    for w, (lo, hi) in ((a, (0, 1)), (b, (-2, -1))):  # θ_y − θ_x in [lo, hi] ms
+        w.edges.update({("x", "ref"): 0, ("ref", "x"): 2_000_000})
+        w.edges.update({("x", "y"): hi * 10**6, ("y", "x"): -lo * 10**6})
+    run = {"x": ClockOffset("x", 5.0, 6.0, 100, "", -1.0, 11.0, consistent=False)}
+    got = _settle(run, [a, b])["x"]
+    assert (got.lo_ms, got.hi_ms, got.offset_ms, got.bound_ms) == (1.0, 1.5, 1.25, 0.25)
+    assert got.stretch_pairs == 40
 
 
 def test_a_steady_clock_fits_every_window() -> None:

@@ -118,9 +118,8 @@ def _analyze(
         timed: list[tuple[int, str, str, int]] = []
         edges = skew.collect(indexes, dom, timed)
         windows = skew.over_time_of(timed, dom, ref, skew_policy)
-        offsets = skew.settle(
-            skew.estimate_edges(edges, dom, ref, skew_policy), windows, skew_policy
-        )
+        offsets = skew.estimate_edges(edges, dom, ref, skew_policy)
+        offsets = skew.settle(offsets, windows, dom, ref, skew_policy)
     applied = {label: (o.offset_ms if correct_skew else 0.0) for label, o in offsets.items()}
     off_ns = {rid: round(applied.get(dom[r], 0.0) * 1e6) for rid, r in resources.items()}
 

@@ -288,7 +288,7 @@ class SkewEvidence:
             return {}, label, []
         windows = self.over_time(roots, starts, label, dom, ref, policy)
         offsets = skew.estimate_edges(self.edges(label), dom, ref, policy)
-        return skew.settle(offsets, windows, policy), label, windows
+        return skew.settle(offsets, windows, dom, ref, policy), label, windows
 
     def over_time(
         self,

@@ -242,6 +242,9 @@ class OffsetWindow:
     start_unix_ms: float
     end_unix_ms: float
     offsets: dict[str, ClockOffset]  # those of instances with pairs in the window
+    # the lowest slack (ns) per (domain a, domain b) of the window's pairs: `skew.settle`
+    # estimates a moved clock again from the windows it picks (not in the JSON)
+    edges: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {

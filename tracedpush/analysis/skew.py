@@ -233,7 +233,8 @@ def over_time(
         n = {names[i]: c for i, c in enumerate(count[w]) if c}
         got = estimate_edges(Edges(e, n), dom, reference, policy)
         shown = {x: o for x, o in got.items() if o.pairs or o.reference}
-        out.append(OffsetWindow((t0 + w * width) / 1e6, (t0 + (w + 1) * width) / 1e6, shown))
+        start, end = (t0 + w * width) / 1e6, (t0 + (w + 1) * width) / 1e6
+        out.append(OffsetWindow(start, end, shown, e))
     return out
 
 
@@ -415,61 +416,87 @@ def outside(offsets: Mapping[str, ClockOffset], windows: Sequence[OffsetWindow])
 
 
 def settle(
-    offsets: Mapping[str, ClockOffset], windows: Sequence[OffsetWindow], policy: str = "midpoint"
+    offsets: Mapping[str, ClockOffset],
+    windows: Sequence[OffsetWindow],
+    dom: Mapping[Resource, str],
+    reference: str,
+    policy: str = "midpoint",
 ) -> dict[str, ClockOffset]:
-    """The run's offsets, those of instances whose clock moved (`outside`) taken from
-    the stretches of the run with the most pairs: of the windows where the instance's
-    evidence is consistent, the set whose intervals share a point and hold the most
-    pairs; the offset is chosen in their common interval (as `estimate_edges` chooses),
-    which becomes its [lo, hi], and `stretch_pairs` says how many pairs that is.
+    """The run's offsets, those of instances whose clock moved (`outside`) estimated
+    again from the stretches of the run with the most pairs: of the windows where the
+    instance's evidence is consistent, the set whose intervals share a point and hold
+    the most pairs. `estimate_edges` runs on those windows' pairs alone (their edges
+    merged: as if the run were only them); where those contradict each other (another
+    instance moved, or this one by less than a window shows), the offset is chosen in
+    what every picked window allows. `stretch_pairs` says how many of the instance's
+    pairs that is; `consistent` stays the whole run's verdict.
 
     Why: the run's own estimate judges a moved clock on evidence that contradicts
     itself. A step's midpoint fits no request; where the pair graph contradicts itself,
     each instance is judged by its direct pairs with the reference and a few moved
     requests can set the bound (the 205,560-request bench run: -4.91 ms applied to every
-    request where 97% of the pairs say -0.34). Instances tied to their host's clock keep
-    it (one kernel clock), and so does an instance without a consistent window. A run
-    whose pairs contradict nothing has nothing outside: its offsets are returned as they
-    are."""
+    request where 97% of the pairs say -0.34). Estimated from the stretches alone, a
+    clock that moved for a few requests keeps the offset the run had before them, so
+    nothing else moves. Instances tied to their host's clock keep it (one kernel
+    clock), and so does an instance without a consistent window. A run whose pairs
+    contradict nothing has nothing outside: its offsets are returned as they are."""
     moved = outside(offsets, windows)
-    if not moved:
-        return dict(offsets)
     out = dict(offsets)
     for x in sorted(moved):
         run = offsets[x]
         if run.host_clock:
             continue
-        spans = [
-            (o.lo_ms, o.hi_ms, o.pairs)
+        mine = [
+            (o.lo_ms, o.hi_ms, o.pairs, w)
             for w in windows
             if (o := w.offsets.get(x)) is not None and o.consistent and o.pairs
         ]
-        best = _most_pairs(spans)
-        if best is None:
+        picked = _most_pairs(mine)
+        if not picked:
             continue
-        lo, hi, n = best
-        value = _choose(lo, hi, policy)
-        bound = max(value - lo, hi - value)
-        out[x] = replace(run, offset_ms=value, bound_ms=bound, lo_ms=lo, hi_ms=hi, stretch_pairs=n)
+        edges = Edges({}, {})
+        for w in picked:
+            for key, slack in w.edges.items():
+                if slack < edges.w.get(key, slack + 1):
+                    edges.w[key] = slack
+            for y, o in w.offsets.items():
+                edges.n[y] = edges.n.get(y, 0) + o.pairs
+        nodes = sorted({y for key in edges.w for y in key})
+        d = _shortest(nodes, edges.w)
+        if all(d[y][y] >= 0 for y in nodes):  # as if the run were only those requests
+            got = estimate_edges(edges, dom, reference, policy)[x]
+            value, bound, lo, hi = got.offset_ms, got.bound_ms, got.lo_ms, got.hi_ms
+        else:  # their pairs contradict across windows (another instance moved, or this
+            # one by less than a window shows): what each window allows, in common
+            lo = max(w.offsets[x].lo_ms for w in picked)
+            hi = min(w.offsets[x].hi_ms for w in picked)
+            value = _choose(lo, hi, policy)
+            bound = max(value - lo, hi - value)
+        out[x] = replace(
+            run,
+            offset_ms=value,
+            bound_ms=bound,
+            lo_ms=lo,
+            hi_ms=hi,
+            stretch_pairs=edges.n.get(x, 0),
+        )
     return out
 
 
-def _most_pairs(spans: Sequence[tuple[float, float, int]]) -> tuple[float, float, int] | None:
-    """Of intervals (lo, hi, pairs), the common interval and pairs of the set that
-    shares a point and holds the most pairs (ties: the lowest point); None without a
-    finite bound. A point covered by the most is at some interval's bound, so those
-    are the candidates (at most 2 per window, 12 windows)."""
-    points = sorted({v for lo, hi, _n in spans for v in (lo, hi) if abs(v) != INF})
+def _most_pairs(spans: Sequence[tuple[float, float, int, OffsetWindow]]) -> list[OffsetWindow]:
+    """Of intervals (lo, hi, pairs, window), the windows of the set that shares a point
+    and holds the most pairs (ties: the lowest point); none without a finite bound. A
+    point covered by the most is at some interval's bound, so those are the candidates
+    (at most 2 per window, 12 windows)."""
+    points = sorted({v for lo, hi, _n, _w in spans for v in (lo, hi) if abs(v) != INF})
     best: tuple[int, float] | None = None
     for p in points:
-        n = sum(k for lo, hi, k in spans if lo <= p <= hi)
+        n = sum(k for lo, hi, k, _w in spans if lo <= p <= hi)
         if best is None or n > best[0]:
             best = (n, p)
     if best is None:
-        return None
-    n, p = best
-    inside = [(lo, hi) for lo, hi, _k in spans if lo <= p <= hi]
-    return max(lo for lo, _hi in inside), min(hi for _lo, hi in inside), n
+        return []
+    return [w for lo, hi, _k, w in spans if lo <= best[1] <= hi]
 
 
 def window_cell(o: ClockOffset | None, run_ms: float, pm: str = "+/-") -> str:
