@@ -107,6 +107,7 @@ def offset_windows(run: Any, moved: Sequence[str], tz: tzinfo = UTC) -> list[dic
         row: dict[str, Any] = {
             "from": zones.moment(w.start_unix_ms, tz),
             "to": zones.moment(w.end_unix_ms, tz),
+            "requests": w.requests,
         }
         for x in moved:
             row[f"{x} ms"] = skew.window_cell(w.offsets.get(x), run.clock_offsets[x].offset_ms, "±")

@@ -107,7 +107,8 @@ def load_notes(snap: data.Snapshot) -> None:
     if stats.partial:
         st.caption(
             f"{stats.partial} trace file(s) end in a half-written line; it is read once "
-            "the writer finishes it (Reload or the Live page)."
+            "the writer finishes it (Reload or the Live page). A writer killed meanwhile "
+            "never does: its last spans are lost."
         )
     if snap.behind:
         st.caption(
@@ -117,12 +118,13 @@ def load_notes(snap: data.Snapshot) -> None:
         )
     run = snap.run
     moved = [] if run is None else sorted(skew.outside(run.clock_offsets, run.clock_windows))
-    if moved:
+    if run is not None and moved:
+        off, total = skew.misplaced(run.clock_offsets, run.clock_windows)
         st.warning(
             f"The clock of {', '.join(moved)} moved during the run (a clock step or drift): "
             "one offset per instance does not fit the whole run. Its offset is that of the "
             "stretches with the most pairs, so phases measured across that clock are off "
-            "by up to the move for the rest of the run. A request's Timeline "
+            f"by up to the move for {off:,} of {total:,} requests. A request's Timeline "
             "shows the offsets per stretch of the run; so does `tracedpush report`."
         )
 

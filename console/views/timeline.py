@@ -168,12 +168,13 @@ if offsets:
         skew.outside(run.clock_offsets, run.clock_windows) & {o["instance"] for o in offsets}
     )
     if moved:
+        off, total = skew.misplaced(run.clock_offsets, run.clock_windows)
         st.caption(
             f"The clock of {', '.join(moved)} moved: its offset estimated from each stretch "
             "of the run alone (requests by arrival). The offset applied is that of the "
             "stretches with the most pairs; where marked !, it is outside that stretch's "
-            "evidence: requests there are off by about the difference; look for a clock "
-            "step (NTP) at that time."
+            f"evidence: the {off:,} of {total:,} requests there are off by about the "
+            "difference; look for a clock step (NTP) at that time."
         )
         st.dataframe(pd.DataFrame(charts.offset_windows(run, moved, tz)), hide_index=True)
 

@@ -152,9 +152,9 @@ def test_prefill_ranks_are_lanes_and_the_last_to_land_is_lit(app, traces, tp_req
 
 def test_a_clock_that_stepped_is_shown_with_its_windows(app, tmp_path):
     """D's clock steps 25 ms mid-run: every page warns that it moved (the Overview
-    here), and the Timeline lists its offset per stretch of the run, the run's one
-    offset marked where it does not fit. A run whose clocks held (the `traces`
-    fixture's) gets no such warning."""
+    here, with how many requests are off), and the Timeline lists its offset per
+    stretch of the run, the run's one offset marked where it does not fit. A run whose
+    clocks held (the `traces` fixture's) gets no such warning."""
     from tracedpush.testing import synthetic
 
     plain = synthetic.generate(120, seed=4)
@@ -168,7 +168,11 @@ def test_a_clock_that_stepped_is_shown_with_its_windows(app, tmp_path):
     frames = [df.value for df in at.dataframe]
     windows = next(f for f in frames if "decode-0 ms" in f.columns)
     cells = windows["decode-0 ms"].tolist()
-    assert sum(c.endswith("!") for c in cells) >= 2  # before and after the step
+    assert sum(c.endswith("!") for c in cells) >= 2  # before and at the step
+    # the warning counts the requests of the marked windows
+    off = int(windows["requests"][[c.endswith("!") for c in cells]].sum())
+    assert 0 < off < int(windows["requests"].sum()) == 120
+    assert f"for {off:,} of 120 requests" in warning
     assert windows["from"].str.endswith("UTC").all()
     overview = app(traces=tmp_path / "stepped")
     no_exception(overview)

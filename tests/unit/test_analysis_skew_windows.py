@@ -84,7 +84,20 @@ def test_a_clock_step_is_found_and_placed_in_time(stepped) -> None:
         alone.lo_ms,
         alone.hi_ms,
     )
+    # every request counted in its window; those before the step and at it are off
+    assert sum(w.requests for w in windows) == N
+    marked = {
+        w.start_unix_ms: w.requests
+        for w in windows
+        if not w.offsets[DECODE_INSTANCE].consistent
+        or not w.offsets[DECODE_INSTANCE].lo_ms <= d.offset_ms <= w.offsets[DECODE_INSTANCE].hi_ms
+    }
+    assert {w.start_unix_ms for w in before} <= marked.keys()
+    assert not {w.start_unix_ms for w in after} & marked.keys()
+    off = sum(marked.values())
+    assert skew.misplaced(run.clock_offsets, windows) == (off, N)
     text = render(run)
+    assert f"the {off:,} of {N:,} requests ({100 * off / N:.1f}%) where marked" in text
     assert f"moved: from the stretches with most pairs ({pairs_after})" in text
     assert f"The clock of {DECODE_INSTANCE} moved during the run" in text
     assert f"{DECODE_INSTANCE} ms" in text and " !" in text
@@ -247,6 +260,7 @@ def test_a_steady_clock_fits_every_window() -> None:
             v = run.clock_offsets[x].offset_ms
             assert o.consistent and o.lo_ms <= v <= o.hi_ms, (x, o)
     assert skew.outside(run.clock_offsets, run.clock_windows) == set()
+    assert skew.misplaced(run.clock_offsets, run.clock_windows) == (0, N)
     assert "moved during the run" not in render(run)
 
 

@@ -117,7 +117,8 @@ def _analyze(
     if ref:
         timed: list[tuple[int, str, str, int]] = []
         edges = skew.collect(indexes, dom, timed)
-        windows = skew.over_time_of(timed, dom, ref, skew_policy)
+        roots = [ix.root.start_ns for ix in indexes if ix.root is not None]
+        windows = skew.over_time_of(timed, dom, ref, skew_policy, roots)
         offsets = skew.estimate_edges(edges, dom, ref, skew_policy)
         offsets = skew.settle(offsets, windows, dom, ref, skew_policy)
     applied = {label: (o.offset_ms if correct_skew else 0.0) for label, o in offsets.items()}

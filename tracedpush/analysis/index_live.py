@@ -312,7 +312,8 @@ class SkewEvidence:
         for r, x in label.items():
             code[r] = names.index(x)
         a, b = code[p[:, 0]], code[p[:, 1]]
-        return skew.over_time(starts[slot], a, b, p[:, 2], names, dom, ref, policy)
+        rooted = starts[: len(roots)][roots >= 0]
+        return skew.over_time(starts[slot], a, b, p[:, 2], names, dom, ref, policy, rooted)
 
     def edges(self, label: dict[int, str]) -> skew.Edges:
         """`skew.collect`'s edges between clock domains, from the resource pairs."""

@@ -245,10 +245,12 @@ class OffsetWindow:
     # the lowest slack (ns) per (domain a, domain b) of the window's pairs: `skew.settle`
     # estimates a moved clock again from the windows it picks (not in the JSON)
     edges: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)
+    requests: int = 0  # requests whose proxy root started in the window
 
     def to_json(self) -> dict[str, Any]:
         return {
             "start_unix_ms": self.start_unix_ms,
             "end_unix_ms": self.end_unix_ms,
+            "requests": self.requests,
             "offsets_ms": {k: v.to_json() for k, v in sorted(self.offsets.items())},
         }

@@ -218,19 +218,24 @@ def _offsets_over_time(run: RunAnalysis, moved: list[str]) -> str:
     """The windows' offsets of the instances whose clock moved (`skew.outside`)."""
     rows = []
     for w in run.clock_windows:
-        row: list[Any] = [_utc(w.start_unix_ms), _utc(w.end_unix_ms)]
+        row: list[Any] = [_utc(w.start_unix_ms), _utc(w.end_unix_ms), w.requests]
         row += [skew.window_cell(w.offsets.get(x), run.clock_offsets[x].offset_ms) for x in moved]
         rows.append(row)
+    off, total = skew.misplaced(run.clock_offsets, run.clock_windows)
     note = (
         f"The clock of {', '.join(moved)} moved during the run: estimated from each "
         "stretch alone (requests by their proxy root's start), the run's one offset is "
         "outside the evidence where marked !. Results use one offset per instance, for a "
         "moved clock that of the stretches with the most pairs (its lo/hi above), so "
-        "requests where marked are off by about the difference; look for a clock step "
-        "(NTP) at that time."
+        f"the {off:,} of {total:,} requests ({_share(off, total)}) where marked are off by "
+        "about the difference; look for a clock step (NTP) at that time."
     )
-    head = ["from (UTC)", "to (UTC)", *[f"{x} ms" for x in moved]]
+    head = ["from (UTC)", "to (UTC)", "requests", *[f"{x} ms" for x in moved]]
     return textwrap.fill(note, 100) + "\n" + table(head, rows)
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
 
 
 def _utc(unix_ms: float) -> str:

@@ -170,8 +170,10 @@ def over_time_of(
     dom: Mapping[Resource, str],
     reference: str,
     policy: str = "midpoint",
+    roots: Sequence[int] = (),
 ) -> list[OffsetWindow]:
-    """`over_time` of the pairs `collect` gave in `timed`."""
+    """`over_time` of the pairs `collect` gave in `timed`; `roots`: the raw start of
+    every request's proxy root (counted per window)."""
     names = sorted({x for _t, a, b, _s in timed for x in (a, b)})
     code = {x: i for i, x in enumerate(names)}
     cols = list(zip(*timed, strict=True)) if timed else [(), (), (), ()]
@@ -184,6 +186,7 @@ def over_time_of(
         dom,
         reference,
         policy,
+        np.array(roots, dtype=np.int64),
     )
 
 
@@ -196,6 +199,7 @@ def over_time(
     dom: Mapping[Resource, str],
     reference: str,
     policy: str = "midpoint",
+    roots: np.ndarray | None = None,
 ) -> list[OffsetWindow]:
     """The clock offsets of each stretch of the run, estimated from its pairs alone.
 
@@ -204,7 +208,9 @@ def over_time(
     to the last is cut into `WINDOWS` equal windows of whole seconds, at least
     `MIN_WINDOW_NS` each, and `estimate_edges` runs on each window's pairs (as on the
     run's, same reference and policy). Windows without pairs are left out; each lists
-    the instances with pairs in it, and the reference."""
+    the instances with pairs in it, and the reference, and counts the requests whose
+    proxy root started in it (`roots`: every request's raw root start, with pairs or
+    not)."""
     keep = a != b
     times, a, b, slack = times[keep], a[keep], b[keep], slack[keep]
     if not len(times) or not reference:
@@ -224,6 +230,11 @@ def over_time(
         win * m + b, minlength=nwin * m
     )
     count = count.reshape(nwin, m).tolist()
+    requests = [0] * nwin
+    if roots is not None and len(roots):
+        at = (roots - t0) // width
+        at = at[(at >= 0) & (at < nwin)]
+        requests = np.bincount(at, minlength=nwin).tolist()
     kw, ka, kb = (keys // (m * m)).tolist(), (keys // m % m).tolist(), (keys % m).tolist()
     edges: dict[int, dict[tuple[str, str], int]] = {}
     for w, x, y, s in zip(kw, ka, kb, low.tolist(), strict=True):
@@ -234,7 +245,7 @@ def over_time(
         got = estimate_edges(Edges(e, n), dom, reference, policy)
         shown = {x: o for x, o in got.items() if o.pairs or o.reference}
         start, end = (t0 + w * width) / 1e6, (t0 + (w + 1) * width) / 1e6
-        out.append(OffsetWindow(start, end, shown, e))
+        out.append(OffsetWindow(start, end, shown, e, requests[w]))
     return out
 
 
@@ -408,11 +419,30 @@ def outside(offsets: Mapping[str, ClockOffset], windows: Sequence[OffsetWindow])
     for w in windows:
         for x, o in w.offsets.items():
             run = offsets.get(x)
-            if run is None or o.reference or not o.pairs:
-                continue
-            if not o.consistent or not o.lo_ms <= run.offset_ms <= o.hi_ms:
+            if run is not None and not o.reference and _misfit(o, run.offset_ms):
                 out.add(x)
     return out
+
+
+def _misfit(o: ClockOffset, run_ms: float) -> bool:
+    """A window's evidence `o` (with pairs) contradicts itself or excludes `run_ms`."""
+    return bool(o.pairs) and (not o.consistent or not o.lo_ms <= run_ms <= o.hi_ms)
+
+
+def misplaced(
+    offsets: Mapping[str, ClockOffset], windows: Sequence[OffsetWindow]
+) -> tuple[int, int]:
+    """(requests in windows where some instance's applied offset misfits, requests in
+    all windows): how many requests are off by about a clock's move."""
+    off = sum(
+        w.requests
+        for w in windows
+        if any(
+            x in offsets and not o.reference and _misfit(o, offsets[x].offset_ms)
+            for x, o in w.offsets.items()
+        )
+    )
+    return off, sum(w.requests for w in windows)
 
 
 def settle(
@@ -506,5 +536,5 @@ def window_cell(o: ClockOffset | None, run_ms: float, pm: str = "+/-") -> str:
         return ""
     if not o.consistent:
         return f"contradicts itself ({o.pairs} pairs) !"
-    mark = "" if o.lo_ms <= run_ms <= o.hi_ms else " !"
+    mark = " !" if _misfit(o, run_ms) else ""
     return f"{o.offset_ms:+.3f} {pm} {o.bound_ms:.3f} ({o.pairs} pairs){mark}"
