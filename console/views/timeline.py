@@ -84,6 +84,31 @@ def failure_banner(r: Any) -> str:
     )
 
 
+def _clock_warning(r: Any, run: Any) -> None:
+    """Where this request arrived, the offset applied to an instance its spans ran on
+    does not fit that stretch's evidence (a clock step or drift): say by how much."""
+    on = {s.instance for s in r.spans}
+    misfits = skew.misfit_at(run.clock_offsets, run.clock_windows, r.start_unix_ms)
+    for inst, o in sorted(misfits.items()):
+        if inst not in on:
+            continue
+        applied = run.clock_offsets[inst].offset_ms
+        if o.consistent:
+            how = (
+                f"that stretch's pairs say {o.offset_ms:+.2f} ± {o.bound_ms:.2f} ms where "
+                f"{applied:+.2f} ms is applied: its spans on {inst} are off by about "
+                f"{abs(applied - o.offset_ms):,.1f} ms."
+            )
+        else:
+            how = (
+                "that stretch's pairs contradict each other (the clock moved within it): "
+                f"its spans on {inst} may be off by up to the move."
+            )
+        who = r.request_id or r.trace_id
+        st.warning(f"{inst}'s clock moved: request {who} arrived in a stretch of the run "
+                   f"where {how}")  # fmt: skip
+
+
 def _segments_table(segments: list, title: str) -> None:
     st.dataframe(
         pd.DataFrame(
@@ -183,6 +208,7 @@ for r, col in zip(shown, st.columns(len(shown)), strict=True):
         st.subheader(f"{r.mode} · {r.request_id}")
         if r.problems or not r.complete:
             st.warning("Incomplete trace: " + "; ".join(r.problems or ["spans missing"]))
+        _clock_warning(r, run)
         _segments_table(r.critical_path, "critical path phase")
         if r.hidden:
             _segments_table(r.hidden, "overlapped (hidden) phase")

@@ -3,6 +3,8 @@ phases and skew-corrected spans, push beside a comparable pull request."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import DECODE_SKEW_MS
 
@@ -177,6 +179,33 @@ def test_a_clock_that_stepped_is_shown_with_its_windows(app, tmp_path):
     overview = app(traces=tmp_path / "stepped")
     no_exception(overview)
     assert [w.value for w in overview.warning if "moved during the run" in w.value] == [warning]
+
+
+def test_a_request_in_a_stretch_the_offset_does_not_fit_says_by_how_much(app, tmp_path):
+    """D's clock steps 25 ms mid-run and its offset is the later stretches' (more
+    pairs): a request from before the step is told its spans on D are off by about 25
+    ms; one from after it is told nothing."""
+    from tracedpush.analysis import TraceStore, analyze
+    from tracedpush.testing import synthetic
+
+    plain = synthetic.generate(120, seed=4)
+    half = (plain.requests[-1].start_unix_ns - plain.requests[0].start_unix_ns) / 2e9
+    gen = synthetic.generate(120, seed=4, clock_steps_ms={"decode-0": (half, 25.0)})
+    gen.write(tmp_path / "stepped")
+    run = analyze(TraceStore.from_path(tmp_path / "stepped"))
+    assert abs(run.clock_offsets["decode-0"].offset_ms - 25.0) < 1.5  # the later stretches'
+    first, last = run.requests[0], run.requests[-1]
+    said = {}
+    for r in (first, last):
+        at = app(traces=tmp_path / "stepped", page="views/timeline.py",
+                 query={"request": r.trace_id})  # fmt: skip
+        no_exception(at)
+        mine = f"request {r.request_id} arrived"  # the other mode's request has its own
+        said[r.trace_id] = [w.value for w in at.warning if mine in w.value]
+    (early,) = said[first.trace_id]
+    got = re.search(r"spans on decode-0 are off by about ([\d.]+) ms", early)
+    assert got and abs(float(got.group(1)) - 25.0) < 1.5, early
+    assert said[last.trace_id] == []
 
 
 def test_steady_clocks_get_no_moved_warning(app, traces, expected):

@@ -529,6 +529,22 @@ def _most_pairs(spans: Sequence[tuple[float, float, int, OffsetWindow]]) -> list
     return [w for lo, hi, _k, w in spans if lo <= best[1] <= hi]
 
 
+def misfit_at(
+    offsets: Mapping[str, ClockOffset], windows: Sequence[OffsetWindow], unix_ms: float
+) -> dict[str, ClockOffset]:
+    """The instances whose applied offset misfits the window holding `unix_ms` (a
+    request's arrival on the proxy's clock), with that window's evidence: a request's
+    spans on them are off by about the difference."""
+    for w in windows:
+        if w.start_unix_ms <= unix_ms < w.end_unix_ms:
+            return {
+                x: o
+                for x, o in w.offsets.items()
+                if x in offsets and not o.reference and _misfit(o, offsets[x].offset_ms)
+            }
+    return {}
+
+
 def window_cell(o: ClockOffset | None, run_ms: float, pm: str = "+/-") -> str:
     """One instance's offset in one window of `over_time` for a table: "" without
     pairs there, a "!" where the run's offset `run_ms` is outside that evidence."""
