@@ -44,8 +44,9 @@ clock that stepped or drifted shows where: the run's offset falls outside the ev
 of some windows (`outside`). Such an instance's run offset, judged on evidence that
 contradicts itself, can fit few requests (the midpoint of a step fits none; where the
 pair graph contradicts itself, a small moved stretch can set it), so `settle` gives it
-the offset of the stretches with the most pairs instead: right for most requests, the
-rest flagged. The windows' own offsets are reported, not applied per request.
+the offset of the stretches with the most pairs instead: right for their requests, the
+rest flagged (`misplaced`, `misfit_at`). The windows' own offsets are reported, not
+applied per request.
 """
 
 from __future__ import annotations
@@ -417,10 +418,7 @@ def outside(offsets: Mapping[str, ClockOffset], windows: Sequence[OffsetWindow])
     it."""
     out = set()
     for w in windows:
-        for x, o in w.offsets.items():
-            run = offsets.get(x)
-            if run is not None and not o.reference and _misfit(o, run.offset_ms):
-                out.add(x)
+        out.update(_misfits(offsets, w))
     return out
 
 
@@ -429,19 +427,21 @@ def _misfit(o: ClockOffset, run_ms: float) -> bool:
     return bool(o.pairs) and (not o.consistent or not o.lo_ms <= run_ms <= o.hi_ms)
 
 
+def _misfits(offsets: Mapping[str, ClockOffset], w: OffsetWindow) -> dict[str, ClockOffset]:
+    """The instances whose offset in `offsets` misfits window `w`, with its evidence."""
+    return {
+        x: o
+        for x, o in w.offsets.items()
+        if x in offsets and not o.reference and _misfit(o, offsets[x].offset_ms)
+    }
+
+
 def misplaced(
     offsets: Mapping[str, ClockOffset], windows: Sequence[OffsetWindow]
 ) -> tuple[int, int]:
     """(requests in windows where some instance's applied offset misfits, requests in
     all windows): how many requests are off by about a clock's move."""
-    off = sum(
-        w.requests
-        for w in windows
-        if any(
-            x in offsets and not o.reference and _misfit(o, offsets[x].offset_ms)
-            for x, o in w.offsets.items()
-        )
-    )
+    off = sum(w.requests for w in windows if _misfits(offsets, w))
     return off, sum(w.requests for w in windows)
 
 
@@ -487,7 +487,7 @@ def settle(
         edges = Edges({}, {})
         for w in picked:
             for key, slack in w.edges.items():
-                if slack < edges.w.get(key, slack + 1):
+                if key not in edges.w or slack < edges.w[key]:
                     edges.w[key] = slack
             for y, o in w.offsets.items():
                 edges.n[y] = edges.n.get(y, 0) + o.pairs
@@ -537,11 +537,7 @@ def misfit_at(
     spans on them are off by about the difference."""
     for w in windows:
         if w.start_unix_ms <= unix_ms < w.end_unix_ms:
-            return {
-                x: o
-                for x, o in w.offsets.items()
-                if x in offsets and not o.reference and _misfit(o, offsets[x].offset_ms)
-            }
+            return _misfits(offsets, w)
     return {}
 
 
