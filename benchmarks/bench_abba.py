@@ -14,7 +14,13 @@ whose code may change while this runs (``.`` sees edits in progress). The stages
 * ``compare``: `compare()` alone, in a process that opened the warm index (each
   measurement the mean of its ``--calls`` calls);
 * ``cold``: ``tracedpush report --index`` building the index from nothing (the index
-  is deleted before each measurement).
+  is deleted before each measurement);
+* ``live``: a Live refresh, the console's: a process opens a warm index of the run
+  and an empty directory beside it, then appends three slices of a later synthetic run
+  (+60, +240, +2,040 requests, with their engine steps) to that directory and times
+  `update(reanalyse_at_most=index.LIVE_REANALYSE)` after each (the stage's figure: their
+  sum). Each side's index of the run is built once; each measurement starts from a copy
+  of it, so A and B follow the same appends from the same state.
 
 Each measurement runs in its own process: wall time, CPU time (``wait4``: the process
 and its build workers) and peak RSS, as benchmarks/bench_report.py measures them. The
@@ -23,6 +29,7 @@ something else says so. Printed and written to docs/benchmarks/abba.json (``--ou
 
     python benchmarks/bench_abba.py --a HEAD --b .                   # 10,000 synthetic requests
     python benchmarks/bench_abba.py --a main~2 --b main --traces /tmp/run200k --stage compare
+    python benchmarks/bench_abba.py --a main~1 --b main --traces /tmp/run200k --stage live
 """
 
 from __future__ import annotations
@@ -42,11 +49,12 @@ from pathlib import Path
 from typing import Any
 
 from bench_console import _write_traces  # a synthetic run, as the console bench writes it
-from bench_report import _REPORT, _calibration_s, measure
+from bench_report import _REPORT, _calibration_s, _end_s, _sliced, measure
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "docs" / "benchmarks" / "abba.json"
-STAGES = ("warm", "json", "compare", "cold")
+STAGES = ("warm", "json", "compare", "cold", "live")
+LIVE_SLICES = (60, 240, 2_040)  # requests per append of the ``live`` stage
 WORKING_TREE = "."
 
 # Run a checkout's own tracedpush: first on the path, and without the editable install's
@@ -81,6 +89,54 @@ for line in open("/proc/self/status"):
 """
 
 
+# The ``live`` stage in a side's process: argv traces, the appends' directory, index
+# dir, slices file, output file. Opens the index (not timed), then appends each slice
+# and times the update after it, as the console's Live refresh updates.
+_LIVE = """import json, sys, time
+from pathlib import Path
+from tracedpush.analysis.compare import compare
+from tracedpush.analysis.index import LIVE_REANALYSE, AnalysisIndex
+traces, grow, index_dir, slices, out = sys.argv[1:6]
+idx = AnalysisIndex([traces, grow], index_dir=index_dir)
+idx.update()
+took = []
+for part in json.loads(Path(slices).read_text()):
+    for name, lines in part.items():
+        f = Path(grow) / name
+        f.parent.mkdir(parents=True, exist_ok=True)
+        with f.open("a") as fh:
+            fh.write("\\n".join(lines) + "\\n")
+    t0 = time.perf_counter()
+    run = idx.update(reanalyse_at_most=LIVE_REANALYSE)
+    took.append(time.perf_counter() - t0)
+with open(out, "w") as fh:
+    json.dump({"compare": compare(run).to_json(), "requests": len(run.requests)}, fh,
+              sort_keys=True)
+with open(out + ".took", "w") as fh:
+    json.dump(took, fh)
+idx.close()
+for line in open("/proc/self/status"):
+    if line.startswith("VmHWM:"):
+        print("VmHWM", int(line.split()[1]), file=sys.stderr)
+"""
+
+# A side's index of the run and the (empty) appends' directory: argv traces, grow, index
+_BUILD_LIVE = """import sys
+from tracedpush.analysis.index import AnalysisIndex
+idx = AnalysisIndex(sys.argv[1:3], index_dir=sys.argv[3])
+idx.update()
+idx.close()
+"""
+
+
+@dataclass
+class Live:
+    """The ``live`` stage's inputs: the slices to append (a JSON file) and where."""
+
+    slices: Path
+    grow: Path
+
+
 @dataclass
 class Side:
     """One revision: where its code is checked out, and its index and outputs."""
@@ -95,6 +151,11 @@ class Side:
     @property
     def index_dir(self) -> Path:
         return self.work / "index"
+
+    @property
+    def live_index(self) -> Path:
+        """Its index of the run and the empty appends' directory (``live``'s start)."""
+        return self.work / "live-index"
 
 
 def _git(*args: str) -> str:
@@ -122,6 +183,23 @@ def _remove(side: Side) -> None:
         _git("worktree", "remove", "--force", str(side.code))
 
 
+def _prepare_live(sides: list[Side], traces: Path, tmp: Path) -> Live:
+    """The slices `_LIVE` appends (a synthetic run ten minutes after the run's end, cut
+    by time: `bench_report`'s Live stage with engine steps), and each side's index of
+    the run with the appends' directory still empty, built once by its own code."""
+    sizes = LIVE_SLICES
+    slices = _sliced(sizes, seed=7, start_unix_s=_end_s(traces) + 600.0)
+    live = Live(tmp / "live-slices.json", tmp / "live-appends")
+    live.slices.write_text(json.dumps([part for _n, part in slices]))
+    live.grow.mkdir()
+    for side in sides:
+        print(f"building {side.name}'s index for the live stage", flush=True)
+        cmd = [sys.executable, "-c", _AT + _BUILD_LIVE, str(side.code), str(traces),
+               str(live.grow), str(side.live_index)]  # fmt: skip
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return live
+
+
 def _command(side: Side, stage: str, traces: Path, out: Path, calls: int) -> list[str]:
     if stage == "compare":
         args = [str(traces), str(side.index_dir), str(out), str(calls)]
@@ -132,17 +210,40 @@ def _command(side: Side, stage: str, traces: Path, out: Path, calls: int) -> lis
             "--out", str(out)]  # fmt: skip
 
 
-def _once(side: Side, stage: str, traces: Path, calls: int) -> dict[str, Any]:
+def _once(
+    side: Side, stage: str, traces: Path, calls: int, live: Live | None = None
+) -> dict[str, Any]:
     """One measurement of `stage` on `side`; its output kept as ``<stage>.out``."""
     if stage == "cold":
         shutil.rmtree(side.index_dir, ignore_errors=True)
     out = side.work / f"{stage}.out"
-    got = measure(_command(side, stage, traces, out, calls))
+    if stage == "live":
+        assert live is not None
+        cmd = _live_command(side, traces, live, out)
+    else:
+        cmd = _command(side, stage, traces, out, calls)
+    got = measure(cmd)
     if stage == "compare":  # the calls alone, not opening the index
         took = json.loads(Path(f"{out}.took").read_text())
         got = {"wall_s": round(statistics.fmean(took), 6), "process": got}
+    elif stage == "live":  # the updates after the appends, not opening the index
+        took = json.loads(Path(f"{out}.took").read_text())
+        requests = json.loads(out.read_text())["requests"]  # the run after the appends
+        got = {"wall_s": round(sum(took), 6), "updates_s": took, "requests": requests,
+               "process": got}  # fmt: skip
     got["sha256"] = hashlib.sha256(out.read_bytes()).hexdigest()
     return got
+
+
+def _live_command(side: Side, traces: Path, live: Live, out: Path) -> list[str]:
+    """`_LIVE` on a fresh copy of the side's index and an empty appends' directory."""
+    index = side.work / "live-run"
+    shutil.rmtree(index, ignore_errors=True)
+    shutil.copytree(side.live_index, index)
+    shutil.rmtree(live.grow)
+    live.grow.mkdir()
+    return [sys.executable, "-c", _AT + _LIVE, str(side.code), str(traces), str(live.grow),
+            str(index), str(live.slices), str(out)]  # fmt: skip
 
 
 def _order(rounds: int) -> list[int]:
@@ -150,12 +251,14 @@ def _order(rounds: int) -> list[int]:
     return [0, 1, 1, 0] * rounds
 
 
-def _stage(sides: list[Side], stage: str, traces: Path, rounds: int, calls: int) -> dict:
+def _stage(
+    sides: list[Side], stage: str, traces: Path, rounds: int, calls: int, live: Live | None = None
+) -> dict:
     for side in sides:
         side.runs[stage] = []
     for i in _order(rounds):
         side = sides[i]
-        got = _once(side, stage, traces, calls)
+        got = _once(side, stage, traces, calls, live)
         side.runs[stage].append(got)
         print(f"  {stage:8} {side.name} {got['wall_s']:8.3f} s", flush=True)
     a, b = (statistics.fmean(r["wall_s"] for r in s.runs[stage]) for s in sides)
@@ -166,7 +269,7 @@ def _stage(sides: list[Side], stage: str, traces: Path, rounds: int, calls: int)
         "ratio_b_over_a": round(b / a, 3) if a else None,
         "same_output": len(outputs) == 1,
     }
-    if stage != "compare":
+    if stage not in ("compare", "live"):  # those time calls inside the process
         a_cpu, b_cpu = (statistics.fmean(r["cpu_s"] for r in s.runs[stage]) for s in sides)
         result |= {"a_cpu_s": round(a_cpu, 2), "b_cpu_s": round(b_cpu, 2)}
         result["cpu_ratio_b_over_a"] = round(b_cpu / a_cpu, 3) if a_cpu else None
@@ -223,13 +326,15 @@ def main(argv: list[str] | None = None) -> int:
             for name, rev in (("A", args.a), ("B", args.b)):
                 sides.append(_checkout(name, rev, tmp))
             calibration = [_calibration_s()]
-            if any(s != "cold" for s in stages):
+            live = _prepare_live(sides, traces, tmp) if "live" in stages else None
+            if any(s in ("warm", "json", "compare") for s in stages):
                 for side in sides:  # the warm stages' index, built once per side
                     print(f"building {side.name}'s index", flush=True)
                     measure(_command(side, "warm", traces, side.work / "build.out", 1))
             result: dict[str, Any] = {"stages": {}}
             for stage in stages:
-                result["stages"][stage] = _stage(sides, stage, traces, args.rounds, args.calls)
+                got = _stage(sides, stage, traces, args.rounds, args.calls, live)
+                result["stages"][stage] = got
             calibration.append(_calibration_s())
         finally:
             for side in sides:

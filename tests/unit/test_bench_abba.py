@@ -73,3 +73,28 @@ def test_each_side_runs_its_own_code(traces: Path, tmp_path: Path) -> None:
     a_out, b_out = (s.work / "warm.out" for s in (a, b))
     assert "TTFT in ms" in a_out.read_text() and "TTFT in ms" not in b_out.read_text()
     assert [len(s.runs["warm"]) for s in (a, b)] == [2, 2]
+
+
+def test_live_stage_follows_the_same_appends_from_the_same_state(
+    traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``live``: each measurement starts from a copy of the side's index and appends the
+    same slices, so HEAD against itself reports the same run after them, and the figure
+    is the sum of the updates (one per slice), not the process."""
+    monkeypatch.setattr(bench_abba, "LIVE_SLICES", (6, 24))
+    out = tmp_path / "abba.json"
+    argv = ["--a", "HEAD", "--b", "HEAD", "--traces", str(traces), "--out", str(out)]
+    assert bench_abba.main([*argv, "--stage", "live"]) == 0
+    got = json.loads(out.read_text())
+    live = got["stages"]["live"]
+    assert live["same_output"] and got["order"] == "ABBA"
+    for side in ("a", "b"):
+        runs = got[side]["runs"]["live"]
+        assert len(runs) == 2
+        for r in runs:
+            assert len(r["updates_s"]) == 2
+            assert r["wall_s"] == pytest.approx(sum(r["updates_s"]), abs=1e-5)
+            assert r["wall_s"] < r["process"]["wall_s"]  # the opening is not timed
+            assert r["requests"] == 300 + 6 + 24  # from the run's state, both slices once
+    (a_out,) = {r["sha256"] for r in got["a"]["runs"]["live"]}
+    assert (a_out,) == tuple({r["sha256"] for r in got["b"]["runs"]["live"]})
