@@ -33,7 +33,7 @@ from tracedpush.launcher.processes import busy_ports, http_ok, lock_delegation_e
 from tracedpush.testing.figures import Figures
 from tracedpush.testing.net import free_port
 from tracedpush.testing.otlp import HangingEndpoint, OtlpHttpReceiver
-from tracedpush.testing.processes import alive, descendants
+from tracedpush.testing.processes import alive, descendants, sigint_default
 
 PORTS = {"--port": 18400, "--prefill-port": 18500, "--decode-port": 18600}
 SIDE = {"--prefill-side-channel-port": 15800, "--decode-side-channel-port": 15900}
@@ -67,7 +67,12 @@ class Up:
         # the session holds the engines lock
         env = {**os.environ, **lock_delegation_env(), **(env or {})}
         self.proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            preexec_fn=sigint_default,  # `stop` sends Ctrl-C
         )
         self.lines: list[str] = []
         self.seen: set[int] = set()

@@ -25,7 +25,7 @@ from tracedpush.launcher.metrics import (
     wait_external_kv_tokens,
 )
 from tracedpush.launcher.processes import busy_ports, lock_delegation_env
-from tracedpush.testing.processes import alive, descendants
+from tracedpush.testing.processes import alive, descendants, sigint_default
 
 MODES = [pytest.param(m, marks=pytest.mark.pd(m), id=m) for m in ("push", "pull")]
 
@@ -220,7 +220,12 @@ def test_up_serves_then_ctrl_c_leaves_nothing(tmp_path):
         argv += [flag, str(port)]
     env = {**os.environ, **lock_delegation_env()}  # we hold the engines lock: share it
     up = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        preexec_fn=sigint_default,  # Ctrl-C below reaches it wherever the tests run
     )
     output, seen = [], set()
     try:

@@ -16,6 +16,7 @@ import pytest
 from tracedpush.analysis import forked
 from tracedpush.analysis.index import AnalysisIndex
 from tracedpush.testing import synthetic
+from tracedpush.testing.processes import sigint_default
 
 pytestmark = pytest.mark.skipif(not forked.can_fork(), reason="needs fork")
 
@@ -108,7 +109,7 @@ def test_ctrl_c_is_the_parents_alone_and_ends_the_children():
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, as a terminal's job
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=sigint_default,
     )
     assert proc.stdout is not None and proc.stdout.readline() == "started\n"
     os.killpg(proc.pid, signal.SIGINT)

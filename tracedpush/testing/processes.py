@@ -15,6 +15,16 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 
+def sigint_default() -> None:
+    """`preexec_fn` for a child a test stops with SIGINT, as Ctrl-C: SIGINT at its
+    default, so Python turns it into KeyboardInterrupt even when the tests run under a
+    parent that ignores SIGINT. A script's background job (``(cmd &)`` in a
+    non-interactive shell) starts with SIGINT ignored; the child inherits that and
+    Python keeps it, so `up` would never see the test's Ctrl-C (three e2e tests hung
+    120 s each that way)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def alive(pid: int) -> bool:
     """The process exists and is not a zombie."""
     try:
