@@ -81,7 +81,11 @@ for _ in range(calls):
     took.append(time.perf_counter() - t0)
 with open(out, "w") as fh:
     json.dump(got.to_json(), fh, sort_keys=True)
-with open(out + ".took", "w") as fh:
+"""
+
+# The end of a script that timed calls inside its process (`took`): the times beside
+# the output, and the peak RSS on stderr, as `bench_report.measure` reads it
+_TOOK = """with open(out + ".took", "w") as fh:
     json.dump(took, fh)
 for line in open("/proc/self/status"):
     if line.startswith("VmHWM:"):
@@ -112,12 +116,7 @@ for part in json.loads(Path(slices).read_text()):
 with open(out, "w") as fh:
     json.dump({"compare": compare(run).to_json(), "requests": len(run.requests)}, fh,
               sort_keys=True)
-with open(out + ".took", "w") as fh:
-    json.dump(took, fh)
 idx.close()
-for line in open("/proc/self/status"):
-    if line.startswith("VmHWM:"):
-        print("VmHWM", int(line.split()[1]), file=sys.stderr)
 """
 
 # A side's index of the run and the (empty) appends' directory: argv traces, grow, index
@@ -156,6 +155,11 @@ class Side:
     def live_index(self) -> Path:
         """Its index of the run and the empty appends' directory (``live``'s start)."""
         return self.work / "live-index"
+
+    @property
+    def live_run(self) -> Path:
+        """The copy of `live_index` one ``live`` measurement updates."""
+        return self.work / "live-run"
 
 
 def _git(*args: str) -> str:
@@ -207,7 +211,7 @@ def _prepare_live(sides: list[Side], traces: Path, tmp: Path) -> Live:
 def _command(side: Side, stage: str, traces: Path, out: Path, calls: int) -> list[str]:
     if stage == "compare":
         args = [str(traces), str(side.index_dir), str(out), str(calls)]
-        return [sys.executable, "-c", _AT + _COMPARE, str(side.code), *args]
+        return [sys.executable, "-c", _AT + _COMPARE + _TOOK, str(side.code), *args]
     fmt = "json" if stage == "json" else "table"
     args = ["report", "--traces", str(traces), "--index", "--index-dir", str(side.index_dir)]
     return [sys.executable, "-c", _AT + _REPORT, str(side.code), *args, "--format", fmt,
@@ -221,17 +225,20 @@ def _once(
     if stage == "cold":
         shutil.rmtree(side.index_dir, ignore_errors=True)
     out = side.work / f"{stage}.out"
-    if stage == "live":
+    if stage == "live":  # from a fresh copy of the side's index, no appends yet
         assert live is not None
+        shutil.rmtree(side.live_run, ignore_errors=True)
+        shutil.copytree(side.live_index, side.live_run)
+        shutil.rmtree(live.grow)
+        live.grow.mkdir()
         cmd = _live_command(side, traces, live, out)
     else:
         cmd = _command(side, stage, traces, out, calls)
     got = measure(cmd)
+    took = json.loads(Path(f"{out}.took").read_text()) if stage in ("compare", "live") else []
     if stage == "compare":  # the calls alone, not opening the index
-        took = json.loads(Path(f"{out}.took").read_text())
         got = {"wall_s": round(statistics.fmean(took), 6), "process": got}
     elif stage == "live":  # the updates after the appends, not opening the index
-        took = json.loads(Path(f"{out}.took").read_text())
         requests = json.loads(out.read_text())["requests"]  # the run after the appends
         got = {"wall_s": round(sum(took), 6), "updates_s": took, "requests": requests,
                "process": got}  # fmt: skip
@@ -240,14 +247,9 @@ def _once(
 
 
 def _live_command(side: Side, traces: Path, live: Live, out: Path) -> list[str]:
-    """`_LIVE` on a fresh copy of the side's index and an empty appends' directory."""
-    index = side.work / "live-run"
-    shutil.rmtree(index, ignore_errors=True)
-    shutil.copytree(side.live_index, index)
-    shutil.rmtree(live.grow)
-    live.grow.mkdir()
-    return [sys.executable, "-c", _AT + _LIVE, str(side.code), str(traces), str(live.grow),
-            str(index), str(live.slices), str(out)]  # fmt: skip
+    """`_LIVE` on the side's copy of its index (`_once` makes it)."""
+    return [sys.executable, "-c", _AT + _LIVE + _TOOK, str(side.code), str(traces),
+            str(live.grow), str(side.live_run), str(live.slices), str(out)]  # fmt: skip
 
 
 def _order(rounds: int) -> list[int]:
