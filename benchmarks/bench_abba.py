@@ -20,7 +20,9 @@ whose code may change while this runs (``.`` sees edits in progress). The stages
   (+60, +240, +2,040 requests, with their engine steps) to that directory and times
   `update(reanalyse_at_most=index.LIVE_REANALYSE)` after each (the stage's figure: their
   sum). Each side's index of the run is built once; each measurement starts from a copy
-  of it, so A and B follow the same appends from the same state.
+  of it, so A and B follow the same appends from the same state. What each update did
+  (spans added, requests analysed again and left behind, the clock offsets) is kept
+  beside its time and printed: where a side's extra time goes.
 
 Each measurement runs in its own process: wall time, CPU time (``wait4``: the process
 and its build workers) and peak RSS, as benchmarks/bench_report.py measures them. The
@@ -95,7 +97,9 @@ for line in open("/proc/self/status"):
 
 # The ``live`` stage in a side's process: argv traces, the appends' directory, index
 # dir, slices file, output file. Opens the index (not timed), then appends each slice
-# and times the update after it, as the console's Live refresh updates.
+# and times the update after it, as the console's Live refresh updates; what each update
+# did (spans added, requests analysed again or left behind, the clock offsets) goes to
+# ``<out>.did``, beside the output: why one side's update takes longer.
 _LIVE = """import json, sys, time
 from pathlib import Path
 from tracedpush.analysis.compare import compare
@@ -103,7 +107,7 @@ from tracedpush.analysis.index import LIVE_REANALYSE, AnalysisIndex
 traces, grow, index_dir, slices, out = sys.argv[1:6]
 idx = AnalysisIndex([traces, grow], index_dir=index_dir)
 idx.update()
-took = []
+took, did = [], []
 for part in json.loads(Path(slices).read_text()):
     for name, lines in part.items():
         f = Path(grow) / name
@@ -113,9 +117,15 @@ for part in json.loads(Path(slices).read_text()):
     t0 = time.perf_counter()
     run = idx.update(reanalyse_at_most=LIVE_REANALYSE)
     took.append(time.perf_counter() - t0)
+    did.append({"new_spans": idx.last_new, "reanalysed": idx.last_reanalysed,
+                "tpot_redone": idx.last_tpot_redone, "behind": idx.behind,
+                "steps": idx.last_steps, "offsets_ms": {
+                    k: round(o.offset_ms, 4) for k, o in sorted(run.clock_offsets.items())}})
 with open(out, "w") as fh:
     json.dump({"compare": compare(run).to_json(), "requests": len(run.requests)}, fh,
               sort_keys=True)
+with open(out + ".did", "w") as fh:
+    json.dump(did, fh)
 idx.close()
 """
 
@@ -240,8 +250,9 @@ def _once(
         got = {"wall_s": round(statistics.fmean(took), 6), "process": got}
     elif stage == "live":  # the updates after the appends, not opening the index
         requests = json.loads(out.read_text())["requests"]  # the run after the appends
-        got = {"wall_s": round(sum(took), 6), "updates_s": took, "requests": requests,
-               "process": got}  # fmt: skip
+        did = json.loads(Path(f"{out}.did").read_text())
+        got = {"wall_s": round(sum(took), 6), "updates_s": took, "updates": did,
+               "requests": requests, "process": got}  # fmt: skip
     got["sha256"] = hashlib.sha256(out.read_bytes()).hexdigest()
     return got
 
@@ -292,7 +303,22 @@ def _table(result: dict[str, Any]) -> str:
             f"{stage:8} {got['a_wall_s']:9.3f} {got['b_wall_s']:9.3f} "
             f"{got['ratio_b_over_a']:6.3f}  {same}"
         )
+    for side in ("a", "b") if "live" in result["stages"] else ():
+        lines.append(
+            f"live {side.upper()}, each update's first run: "
+            + _did(result[side]["runs"]["live"][0]["updates"])
+        )
     return "\n".join(lines)
+
+
+def _did(updates: list[dict[str, Any]]) -> str:
+    """What a ``live`` run's updates did, in one line: why a side took longer."""
+    return "; ".join(
+        f"+{u['new_spans']} spans, {u['reanalysed']} analysed again, {u['behind']} behind, "
+        f"steps {u['steps'] or '-'}, offsets "
+        + " ".join(f"{k} {v:+.3f}" for k, v in u["offsets_ms"].items() if v)
+        for u in updates
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

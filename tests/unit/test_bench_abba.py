@@ -76,7 +76,7 @@ def test_each_side_runs_its_own_code(traces: Path, tmp_path: Path) -> None:
 
 
 def test_live_stage_follows_the_same_appends_from_the_same_state(
-    traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     """``live``: each measurement starts from a copy of the side's index and appends the
     same slices, so HEAD against itself reports the same run after them, and the figure
@@ -96,5 +96,13 @@ def test_live_stage_follows_the_same_appends_from_the_same_state(
             assert r["wall_s"] == pytest.approx(sum(r["updates_s"]), abs=1e-5)
             assert r["wall_s"] < r["process"]["wall_s"]  # the opening is not timed
             assert r["requests"] == 300 + 6 + 24  # from the run's state, both slices once
+            # what each update did: the slices' requests at least were analysed anew (a
+            # slice is cut by time, so a request can straddle two)
+            assert sum(u["reanalysed"] for u in r["updates"]) >= 6 + 24
+            assert all(u["new_spans"] > 0 and u["offsets_ms"] for u in r["updates"])
+            assert r["updates"] == got["a"]["runs"]["live"][0]["updates"]  # same code, same work
     (a_out,) = {r["sha256"] for r in got["a"]["runs"]["live"]}
     assert (a_out,) == tuple({r["sha256"] for r in got["b"]["runs"]["live"]})
+    printed = capsys.readouterr().out
+    first = got["a"]["runs"]["live"][0]["updates"][0]
+    assert f"+{first['new_spans']} spans, {first['reanalysed']} analysed again" in printed
