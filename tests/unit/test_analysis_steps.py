@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -845,6 +846,41 @@ def test_thread_samples_survive_pickling(run) -> None:
     parts = StepParts()
     parts.samples = list(store.samples)
     assert pickle.loads(pickle.dumps(parts)).samples == store.samples
+
+
+def test_thread_samples_read_back_stay_packed_until_asked(run) -> None:
+    """Steps read back from an index keep their thread samples packed through what a
+    Live refresh does with them (truth, extensions, pickling again), and unpack them,
+    with the new ones in time order, only when asked: the same samples as steps made
+    and extended with every sample unpacked."""
+    import pickle
+
+    from tracedpush.analysis.steps import StepParts
+
+    store = run.engine_steps
+    later = [replace(x, time_ns=x.time_ns + 1) for x in store.samples[::3]]  # ties too
+    same_time = [replace(x, time_ns=store.samples[0].time_ns) for x in store.samples[:2]]
+    parts = [StepParts(), StepParts()]
+    parts[0].samples, parts[1].samples = later, same_time
+
+    back = pickle.loads(pickle.dumps(store))
+    assert back._packed is not None and back  # truthy without unpacking
+    grown = back.extended(parts[0], [], {})
+    assert grown is not None and grown._packed is back._packed and back._packed is not None
+    blob = pickle.dumps(back)  # as read: pickled again as it was
+    assert pickle.loads(blob)._packed == back._packed
+    grown = grown.extended(parts[1], [], {})
+    assert grown is not None and grown._packed is not None
+
+    eager = store.extended(parts[0], [], {})
+    assert eager is not None and eager._packed is None
+    eager = eager.extended(parts[1], [], {})
+    assert eager is not None
+    assert grown.samples == eager.samples  # unpacked now, the new ones in their places
+    assert grown._packed is None and back._packed is not None  # `back` is not changed
+    assert pickle.loads(pickle.dumps(grown)).samples == eager.samples
+    empty = pickle.loads(pickle.dumps(EngineSteps()))
+    assert not empty and empty.samples == []
 
 
 def test_step_arrays_made_from_the_last_ones_keep_the_running_end() -> None:
