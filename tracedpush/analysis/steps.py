@@ -557,7 +557,8 @@ class EngineSteps:
         """The thread samples, by time (ties: as read). Steps read back from an index
         keep theirs packed until asked, and so do their extensions (the new ones kept
         beside): a Live refresh that extends kept steps never asks, and unpacking the
-        105,000 of a 200,000-request run was 0.9 s of its first refresh."""
+        105,000 of a 200,000-request run was 0.9 s of its first refresh. The index's
+        write of the steps at a pause does ask (their contention reads every sample)."""
         if self._packed is not None:
             got = _unpack_samples(self._packed)
             # stable: as if each extension had sorted (the packed ones are sorted)
