@@ -73,3 +73,39 @@ def test_cpu_per_thread_and_tracing_cost(pinned) -> None:
     js = c.to_json()
     assert js["tracedpush_cost"]["thread_ratio"] < 0.05
     assert {p["process"] for p in js["processes"]} == {"engine_core", "api_server", "worker"}
+
+
+def test_contention_folds_only_the_samples_since_the_last(unpinned, monkeypatch) -> None:
+    """Steps extended with new samples fold only those into their contention's fold
+    (a copy: the old steps' is unchanged), and the result equals contention made of
+    every sample, findings, costs and windows included; a late sample (at or before its
+    thread's last folded one) makes it again from every sample, equal too."""
+    from dataclasses import replace
+
+    from tracedpush.analysis.contention import UsageFold, contention
+    from tracedpush.analysis.steps import EngineSteps
+
+    every = sorted(unpinned.engine_steps.samples, key=lambda s: s.time_ns)
+    assert len({s.engine_id for s in every}) == 2
+    folded: list[int] = []
+    fold = UsageFold.add
+    monkeypatch.setattr(UsageFold, "add", lambda f, x: folded.append(len(x)) or fold(f, x))
+    # the first engine's samples, then the other's: new threads come with the extension
+    first = [s for s in every if s.engine_id == every[0].engine_id]
+    rest = [s for s in every if s.engine_id != every[0].engine_id]
+    for head, tail in ((every[: len(every) // 3], every[len(every) // 3 :]), (first, rest)):
+        old = EngineSteps()
+        old.samples = head
+        before = contention(old).to_json()
+        new = EngineSteps()
+        new._samples_from(old, tail)
+        folded.clear()
+        assert contention(new).to_json() == contention(every).to_json()
+        assert folded == [len(tail), len(every)]  # the new ones; then `every` alone
+        assert contention(old).to_json() == before and old.usage.samples == len(head)
+    late = replace(every[-1], time_ns=every[-1].time_ns - 1)  # before its thread's last
+    grown = EngineSteps()
+    grown._samples_from(new, [late])
+    folded.clear()
+    assert contention(grown).to_json() == contention([*every, late]).to_json()
+    assert folded == [len(every) + 1, len(every) + 1]  # made again from every sample

@@ -34,6 +34,7 @@ from tracedpush.analysis import (
     to_perfetto,
     write_perfetto,
 )
+from tracedpush.analysis import contention as contention_mod
 from tracedpush.analysis.columns import RunColumns
 from tracedpush.analysis.index import INDEX_DIRNAME, AnalysisIndex, index_run
 from tracedpush.analysis.index_store import SHARDS, open_span_db, wal
@@ -1099,16 +1100,23 @@ def test_growing_process_traces_parse_only_new_steps(
     assert _steps_json(warm.update().engine_steps) == _steps_json(want.engine_steps)
     # ... or when an update brings nothing (a Live index is seldom closed)
     later = _steps_later(pieces, 10**12)
-    with (d / "run.jsonl").open("a") as fh:  # a request with engine steps, then a pause
-        fh.writelines(map(_line, later))
+    samples = _steps_later(pieces, 10**12, sc.SPAN_ENGINE_THREADS)
+    with (d / "run.jsonl").open("a") as fh:  # engine steps and thread samples, then a pause
+        fh.writelines(map(_line, later + samples))
     parsed.clear()
     warm.update()
     assert warm._steps_unsaved
     # an index opened on stored steps parses and joins in only the new ones
     assert warm.last_steps == "extended"
     assert sorted(parsed) == sorted(p[2]["spanId"] for p in later)
+    folded: list[int] = []  # the contention written at the pause folds only new samples
+    fold = contention_mod.UsageFold.add
+    monkeypatch.setattr(
+        contention_mod.UsageFold, "add", lambda f, x: folded.append(len(x)) or fold(f, x)
+    )
     warm.update()
     assert not warm._steps_unsaved
+    assert samples and folded == [len(samples)], folded
     want = reference([d])
     parsed.clear()
     paused = AnalysisIndex([d], index_dir=tmp_path / "index")
@@ -1124,12 +1132,15 @@ def _steps_json(store: Any) -> dict[str, list[dict]]:
     return {e: [s.to_json() for s in store.steps[e]] for e in store.columns}
 
 
-def _steps_later(pieces: list[Piece], shift_ns: int) -> list[Piece]:
-    """The last ``engine.steps`` span of each process trace again, `shift_ns` later with
-    a new span id (its steps' start times too): more steps in the same traces."""
+def _steps_later(
+    pieces: list[Piece], shift_ns: int, name: str = sc.SPAN_ENGINE_STEPS
+) -> list[Piece]:
+    """The last ``engine.steps`` (or `name`) span of each process trace again, `shift_ns`
+    later with a new span id (its steps' start times too): more steps (or thread
+    samples) in the same traces."""
     last: dict[str, Piece] = {}
     for p in pieces:
-        if p[2]["name"] == sc.SPAN_ENGINE_STEPS:
+        if p[2]["name"] == name:
             last[p[2]["traceId"]] = p
     out = []
     for piece in last.values():

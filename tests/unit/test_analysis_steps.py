@@ -850,7 +850,8 @@ def test_thread_samples_survive_pickling(run) -> None:
 
 def test_thread_samples_read_back_stay_packed_until_asked(run) -> None:
     """Steps read back from an index keep their thread samples packed through what a
-    Live refresh does with them (truth, extensions, pickling again), and unpack them,
+    Live refresh does with them (truth, extensions, pickling again: the new ones in a
+    chunk of their own), and unpack them,
     with the new ones in time order, only when asked: the same samples as steps made
     and extended with every sample unpacked."""
     import pickle
@@ -876,6 +877,9 @@ def test_thread_samples_read_back_stay_packed_until_asked(run) -> None:
     assert eager is not None and eager._packed is None
     eager = eager.extended(parts[1], [], {})
     assert eager is not None
+    again = pickle.loads(pickle.dumps(grown))  # the new ones packed beside: not unpacked
+    assert grown._packed is not None and len(again._packed) == 2 and again
+    assert again.samples == eager.samples
     assert grown.samples == eager.samples  # unpacked now, the new ones in their places
     assert grown._packed is None and back._packed is not None  # `back` is not changed
     assert pickle.loads(pickle.dumps(grown)).samples == eager.samples

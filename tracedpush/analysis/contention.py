@@ -23,8 +23,8 @@ foreign core can be missed or over-counted. CPU time, being cumulative, is exact
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tracedpush.analysis.steps import EngineSteps, ThreadSample
@@ -213,38 +213,121 @@ def _cores(cores: Iterable[int]) -> str:
     return ("core " if len(cs) == 1 else "cores ") + ", ".join(str(c) for c in cs)
 
 
+ThreadKey = tuple[str, str, int, int]  # (host, engine id, pid, tid)
+
+
+class UsageFold:
+    """`thread_usage`, the engines' sample windows and event counts, folded sample by
+    sample in time order: what `contention` reads of the samples. A Live run's samples
+    keep coming; `extended` folds only the new ones into a copy, exactly, where each
+    thread's new samples come after its folded ones (its CPU is a difference between
+    consecutive samples), so contention at a pause costs what arrived, not a pass over
+    every sample of the run (2 s at 200,000 requests)."""
+
+    __slots__ = ("events", "last_ns", "samples", "threads", "window")
+
+    def __init__(self) -> None:
+        self.threads: dict[ThreadKey, ThreadUsage] = {}
+        self.last_ns: dict[ThreadKey, int] = {}  # each thread's latest folded sample
+        self.window: dict[str, list[int]] = {}  # engine id -> [first, last] sample
+        # (host, engine id, sampler pid) -> [least, most] cumulative hook events
+        self.events: dict[tuple[str, str, str], list[int]] = {}
+        self.samples = 0
+
+    def add(self, samples: Iterable[ThreadSample]) -> UsageFold:
+        """Fold `samples` in (sorted by time here, ties kept as given)."""
+        threads, last = self.threads, self.last_ns
+        for smp in sorted(samples, key=lambda s: s.time_ns):
+            self.samples += 1
+            w = self.window.setdefault(smp.engine_id, [smp.time_ns, smp.time_ns])
+            w[0], w[1] = min(w[0], smp.time_ns), max(w[1], smp.time_ns)
+            if smp.events_recorded is not None:
+                ev = self.events.setdefault(
+                    (smp.host, smp.engine_id, smp.sampler_pid),
+                    [smp.events_recorded, smp.events_recorded],
+                )
+                ev[0], ev[1] = min(ev[0], smp.events_recorded), max(ev[1], smp.events_recorded)
+            for i in range(len(smp.tids)):
+                key = (smp.host, smp.engine_id, smp.pids[i], smp.tids[i])
+                last[key] = smp.time_ns
+                t = threads.get(key)
+                if t is None:
+                    t = threads[key] = ThreadUsage(
+                        smp.engine_id,
+                        smp.role,
+                        smp.host,
+                        smp.pids[i],
+                        smp.tids[i],
+                        smp.processes[i],
+                        smp.names[i],
+                        smp.thread_roles[i],
+                    )
+                cpu, core = smp.cpu_ms[i], smp.cores[i]
+                t.samples += 1
+                t.core_samples[core] = t.core_samples.get(core, 0) + 1
+                t.affinity = smp.affinity[i] or t.affinity
+                t.name = smp.names[i] or t.name
+                if t._last_cpu is not None:
+                    d = max(cpu - t._last_cpu, 0.0)
+                    t.cpu_ms += d
+                    if d > 0:
+                        t.busy_samples += 1
+                        t.busy_core_samples[core] = t.busy_core_samples.get(core, 0) + 1
+                        t.cpu_by_core_ms[core] = t.cpu_by_core_ms.get(core, 0.0) + d
+                t._last_cpu = cpu
+        return self
+
+    def extended(self, samples: Sequence[ThreadSample]) -> UsageFold | None:
+        """A copy with `samples` folded in, or None where that would not equal folding
+        every sample again: a new sample of a thread at or before its latest folded one
+        (a late file), which changes the differences its CPU is made of. Ties between
+        threads are free: each thread is folded on its own, and `usage` orders by a
+        whole key."""
+        last = self.last_ns
+        for smp in samples:
+            for i in range(len(smp.tids)):
+                t = last.get((smp.host, smp.engine_id, smp.pids[i], smp.tids[i]))
+                if t is not None and smp.time_ns <= t:
+                    return None
+        out = UsageFold()
+        out.threads = {k: _copied(t) for k, t in self.threads.items()}
+        out.last_ns = dict(last)
+        out.window = {e: list(w) for e, w in self.window.items()}
+        out.events = {k: list(v) for k, v in self.events.items()}
+        out.samples = self.samples
+        return out.add(samples)
+
+    def usage(self) -> list[ThreadUsage]:
+        """Busiest first (host last in the key: an engine id is one host's)."""
+        return sorted(
+            self.threads.values(), key=lambda t: (-t.cpu_ms, t.engine_id, t.pid, t.tid, t.host)
+        )
+
+
+def _copied(t: ThreadUsage) -> ThreadUsage:
+    return replace(
+        t,
+        core_samples=dict(t.core_samples),
+        busy_core_samples=dict(t.busy_core_samples),
+        cpu_by_core_ms=dict(t.cpu_by_core_ms),
+    )
+
+
 def thread_usage(samples: Iterable[ThreadSample]) -> list[ThreadUsage]:
     """Per-thread CPU over the run and where it ran, busiest first."""
-    threads: dict[tuple[str, str, int, int], ThreadUsage] = {}
-    for smp in sorted(samples, key=lambda s: s.time_ns):
-        for i in range(len(smp.tids)):
-            key = (smp.host, smp.engine_id, smp.pids[i], smp.tids[i])
-            t = threads.get(key)
-            if t is None:
-                t = threads[key] = ThreadUsage(
-                    smp.engine_id,
-                    smp.role,
-                    smp.host,
-                    smp.pids[i],
-                    smp.tids[i],
-                    smp.processes[i],
-                    smp.names[i],
-                    smp.thread_roles[i],
-                )
-            cpu, core = smp.cpu_ms[i], smp.cores[i]
-            t.samples += 1
-            t.core_samples[core] = t.core_samples.get(core, 0) + 1
-            t.affinity = smp.affinity[i] or t.affinity
-            t.name = smp.names[i] or t.name
-            if t._last_cpu is not None:
-                d = max(cpu - t._last_cpu, 0.0)
-                t.cpu_ms += d
-                if d > 0:
-                    t.busy_samples += 1
-                    t.busy_core_samples[core] = t.busy_core_samples.get(core, 0) + 1
-                    t.cpu_by_core_ms[core] = t.cpu_by_core_ms.get(core, 0.0) + d
-            t._last_cpu = cpu
-    return sorted(threads.values(), key=lambda t: (-t.cpu_ms, t.engine_id, t.pid, t.tid))
+    return UsageFold().add(samples).usage()
+
+
+def usage_fold(store: EngineSteps) -> UsageFold:
+    """The fold of a store's samples: the one it keeps, extended by the samples it got
+    since (`EngineSteps.usage`, `usage_after`), else made of every sample; kept in it."""
+    fold = store.usage
+    if fold is not None and store.usage_after:
+        fold = fold.extended(store.usage_after)
+    if fold is None:
+        fold = UsageFold().add(store.samples)
+    store.usage, store.usage_after = fold, []
+    return fold
 
 
 def _compute_cores(threads: list[ThreadUsage]) -> set[int]:
@@ -287,8 +370,8 @@ def contention(
     store: EngineSteps | Iterable[ThreadSample], *, event_cost_us: float | None = None
 ) -> Contention:
     """Analyse the thread samples of a run (an `EngineSteps` store or samples)."""
-    samples = list(store.samples if isinstance(store, EngineSteps) else store)
-    threads = thread_usage(samples)
+    fold = usage_fold(store) if isinstance(store, EngineSteps) else UsageFold().add(store)
+    threads = fold.usage()
     by_engine: dict[str, list[ThreadUsage]] = {}
     for t in threads:
         by_engine.setdefault(t.engine_id, []).append(t)
@@ -418,17 +501,8 @@ def contention(
         if t.role == "tracedpush":
             p.tracedpush_cpu_ms += t.cpu_ms
     events = 0
-    first_last: dict[tuple[str, str, str], list[int]] = {}
-    window: dict[str, list[int]] = {}
-    for smp in samples:
-        w = window.setdefault(smp.engine_id, [smp.time_ns, smp.time_ns])
-        w[0], w[1] = min(w[0], smp.time_ns), max(w[1], smp.time_ns)
-        if smp.events_recorded is None:
-            continue
-        fl = first_last.setdefault((smp.host, smp.engine_id, smp.sampler_pid), [])
-        fl.append(smp.events_recorded)
-    for (host, eid, spid), vals in first_last.items():
-        n = max(vals) - min(vals)
+    for (host, eid, spid), (least, most) in fold.events.items():
+        n = most - least
         events += n
         try:
             p = procs.get((host, eid, int(spid)))
@@ -448,6 +522,6 @@ def contention(
         processes,
         findings,
         cost,
-        {e: (w[1] - w[0]) / 1e9 for e, w in window.items()},
-        len(samples),
+        {e: (w[1] - w[0]) / 1e9 for e, w in fold.window.items()},
+        fold.samples,
     )

@@ -407,6 +407,10 @@ class StepParts:
         self.sched: dict[str, list[cols.Columns]] = {}
         self.work: dict[str, list[cols.Columns]] = {}
         self.samples: list[ThreadSample] = []
+        # `contention`'s fold of the samples (a `contention.UsageFold`), and the samples
+        # that came after it: contention at a Live pause folds only those
+        self.usage: Any = None
+        self.usage_after: list[ThreadSample] = []
         self.engines: dict[str, EngineInfo] = {}
         self.spans = 0
         self.resources: dict[int, Resource] = {}  # every process span's, as first seen
@@ -534,6 +538,10 @@ class EngineSteps:
         self.columns: dict[str, cols.Columns] = {}
         self.origins: list[tuple[Resource, str]] = []  # a step's (clock owner, role)
         self.samples: list[ThreadSample] = []
+        # `contention`'s fold of the samples (a `contention.UsageFold`), and the samples
+        # that came after it: contention at a Live pause folds only those
+        self.usage: Any = None
+        self.usage_after: list[ThreadSample] = []
         self.engines: dict[str, EngineInfo] = {}
         self.spans = 0  # process spans read
         self.resources: list[Resource] = []  # every process span's, as first seen
@@ -557,44 +565,62 @@ class EngineSteps:
         """The thread samples, by time (ties: as read). Steps read back from an index
         keep theirs packed until asked, and so do their extensions (the new ones kept
         beside): a Live refresh that extends kept steps never asks, and unpacking the
-        105,000 of a 200,000-request run was 0.9 s of its first refresh. The index's
-        write of the steps at a pause does ask (their contention reads every sample)."""
+        105,000 of a 200,000-request run was 0.9 s of its first refresh. Pickled, the
+        new ones are packed beside the others (a chunk each time), so the index's write
+        of the steps at a pause does not ask either: their contention folds only the
+        samples since the last (`contention.usage_fold`)."""
         if self._packed is not None:
-            got = _unpack_samples(self._packed)
-            # stable: as if each extension had sorted (the packed ones are sorted)
-            self.samples = sorted(got + self._more, key=_by_time) if self._more else got
+            got = [smp for chunk in self._packed for smp in _unpack_samples(chunk)]
+            # stable: as if each extension had sorted (each chunk is sorted)
+            if self._more or len(self._packed) > 1:
+                got = sorted(got + self._more, key=_by_time)
+            self.samples = got
         return self._samples
 
     @samples.setter
     def samples(self, samples: list[ThreadSample]) -> None:
         self._samples, self._packed, self._packed_n, self._more = samples, None, 0, []
+        self.usage, self.usage_after = None, []
 
     def _samples_from(self, steps: EngineSteps, new: list[ThreadSample]) -> None:
-        """`steps`' samples and `new`, by time; left packed if `steps`' are."""
+        """`steps`' samples and `new`, by time; left packed if `steps`' are. Their
+        contention's fold goes on from `steps`' (`contention.usage_fold`)."""
         if steps._packed is None:
             self.samples = sorted(steps._samples + new, key=_by_time)
         else:
             self._samples, self._packed = [], steps._packed
             self._packed_n, self._more = steps._packed_n, steps._more + new
+        if steps.usage is not None:
+            self.usage, self.usage_after = steps.usage, steps.usage_after + new
+        else:
+            self.usage, self.usage_after = None, []
 
     def __getstate__(self) -> dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items() if k not in _SAMPLES_STATE}
-        if self._packed is not None and not self._more:  # as read: not unpacked to pack
-            packed, n = self._packed, self._packed_n
+        if self._packed is not None:  # as read, and the new ones beside: not unpacked
+            packed, n = self._packed, self._packed_n + len(self._more)
+            if self._more:
+                packed = [*packed, _pack_samples(sorted(self._more, key=_by_time))]
         else:
-            packed, n = _pack_samples(self.samples), len(self._samples)
+            packed, n = [_pack_samples(self._samples)], len(self._samples)
         return {**state, "_lists": {}, "_max_end": {}, "_solo": {}, "_solo_steps": {},
                 "samples": packed, "samples_n": n}  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        state = {"recent": {}, "_solo_steps": {}, **state}  # older code's: none
+        # older code's: no `recent`, no contention fold, the samples in one chunk
+        state = {"recent": {}, "_solo_steps": {}, "usage": None, "usage_after": [], **state}
         packed, n = state.pop("samples"), state.pop("samples_n", None)
+        usage = state.pop("usage"), state.pop("usage_after")
         self.__dict__.update(state)
         self.samples = []
+        if isinstance(packed, bytes):
+            packed = [packed]
         if n is None:  # older code's: how many is not known without them
-            self.samples = _unpack_samples(packed)
+            self._packed, self._packed_n = packed, 1
+            self.samples = self.samples  # unpacked, as they were
         elif n:
             self._packed, self._packed_n = packed, n
+        self.usage, self.usage_after = usage
 
     def __bool__(self) -> bool:
         return bool(self.columns or self._samples or self._packed_n or self._more)
