@@ -19,10 +19,12 @@ whose code may change while this runs (``.`` sees edits in progress). The stages
   and an empty directory beside it, then appends three slices of a later synthetic run
   (+60, +240, +2,040 requests, with their engine steps) to that directory and times
   `update(reanalyse_at_most=index.LIVE_REANALYSE)` after each (the stage's figure: their
-  sum). Each side's index of the run is built once; each measurement starts from a copy
-  of it, so A and B follow the same appends from the same state. What each update did
-  (spans added, requests analysed again and left behind, the clock offsets) is kept
-  beside its time and printed: where a side's extra time goes.
+  sum), then one more with nothing new (``pause``: where a Live index writes its engine
+  steps, with their summary and contention). Each side's index of the run is built
+  once; each measurement starts from a copy of it, so A and B follow the same appends
+  from the same state. What each update did (spans added, requests analysed again and
+  left behind, the clock offsets) is kept beside its time and printed: where a side's
+  extra time goes.
 
 Each measurement runs in its own process: wall time, CPU time (``wait4``: the process
 and its build workers) and peak RSS, as benchmarks/bench_report.py measures them. The
@@ -108,7 +110,7 @@ traces, grow, index_dir, slices, out = sys.argv[1:6]
 idx = AnalysisIndex([traces, grow], index_dir=index_dir)
 idx.update()
 took, did = [], []
-for part in json.loads(Path(slices).read_text()):
+for part in [*json.loads(Path(slices).read_text()), {}]:  # the last: nothing new, a pause
     for name, lines in part.items():
         f = Path(grow) / name
         f.parent.mkdir(parents=True, exist_ok=True)
@@ -119,7 +121,8 @@ for part in json.loads(Path(slices).read_text()):
     took.append(time.perf_counter() - t0)
     did.append({"new_spans": idx.last_new, "reanalysed": idx.last_reanalysed,
                 "tpot_redone": idx.last_tpot_redone, "behind": idx.behind,
-                "steps": idx.last_steps, "offsets_ms": {
+                "steps": idx.last_steps, "steps_written": not idx._steps_unsaved,
+                "offsets_ms": {
                     k: round(o.offset_ms, 4) for k, o in sorted(run.clock_offsets.items())}})
 with open(out, "w") as fh:
     json.dump({"compare": compare(run).to_json(), "requests": len(run.requests)}, fh,
@@ -251,7 +254,8 @@ def _once(
     elif stage == "live":  # the updates after the appends, not opening the index
         requests = json.loads(out.read_text())["requests"]  # the run after the appends
         did = json.loads(Path(f"{out}.did").read_text())
-        got = {"wall_s": round(sum(took), 6), "updates_s": took, "updates": did,
+        got = {"wall_s": round(sum(took[:-1]), 6), "updates_s": took[:-1],
+               "updates": did[:-1], "pause_s": took[-1], "pause": did[-1],
                "requests": requests, "process": got}  # fmt: skip
     got["sha256"] = hashlib.sha256(out.read_bytes()).hexdigest()
     return got
@@ -286,6 +290,10 @@ def _stage(
         "ratio_b_over_a": round(b / a, 3) if a else None,
         "same_output": len(outputs) == 1,
     }
+    if stage == "live":  # the update after the appends that brought nothing: a pause
+        a_p, b_p = (statistics.fmean(r["pause_s"] for r in s.runs[stage]) for s in sides)
+        result |= {"a_pause_s": round(a_p, 3), "b_pause_s": round(b_p, 3)}
+        result["pause_ratio_b_over_a"] = round(b_p / a_p, 3) if a_p else None
     if stage not in ("compare", "live"):  # those time calls inside the process
         a_cpu, b_cpu = (statistics.fmean(r["cpu_s"] for r in s.runs[stage]) for s in sides)
         result |= {"a_cpu_s": round(a_cpu, 2), "b_cpu_s": round(b_cpu, 2)}
@@ -302,6 +310,12 @@ def _table(result: dict[str, Any]) -> str:
         lines.append(
             f"{stage:8} {got['a_wall_s']:9.3f} {got['b_wall_s']:9.3f} "
             f"{got['ratio_b_over_a']:6.3f}  {same}"
+        )
+    if "pause_ratio_b_over_a" in result["stages"].get("live", {}):
+        got = result["stages"]["live"]
+        lines.append(
+            f"{'pause':8} {got['a_pause_s']:9.3f} {got['b_pause_s']:9.3f} "
+            f"{got['pause_ratio_b_over_a']:6.3f}  (live: the update after, with nothing new)"
         )
     for side in ("a", "b") if "live" in result["stages"] else ():
         lines.append(

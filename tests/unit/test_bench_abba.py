@@ -80,7 +80,8 @@ def test_live_stage_follows_the_same_appends_from_the_same_state(
 ) -> None:
     """``live``: each measurement starts from a copy of the side's index and appends the
     same slices, so HEAD against itself reports the same run after them, and the figure
-    is the sum of the updates (one per slice), not the process."""
+    is the sum of the updates (one per slice), not the process; the update after them
+    brings nothing (a pause), timed apart."""
     monkeypatch.setattr(bench_abba, "LIVE_SLICES", (6, 24))
     out = tmp_path / "abba.json"
     argv = ["--a", "HEAD", "--b", "HEAD", "--traces", str(traces), "--out", str(out)]
@@ -101,8 +102,13 @@ def test_live_stage_follows_the_same_appends_from_the_same_state(
             assert sum(u["reanalysed"] for u in r["updates"]) >= 6 + 24
             assert all(u["new_spans"] > 0 and u["offsets_ms"] for u in r["updates"])
             assert r["updates"] == got["a"]["runs"]["live"][0]["updates"]  # same code, same work
+            # then a pause: nothing new, and the Live index writes its engine steps
+            assert r["pause"]["new_spans"] == 0 and r["pause"]["steps_written"], r["pause"]
+            assert not any(u["steps_written"] for u in r["updates"])  # written at the pause
+            assert 0 < r["pause_s"] < r["process"]["wall_s"]
     (a_out,) = {r["sha256"] for r in got["a"]["runs"]["live"]}
     assert (a_out,) == tuple({r["sha256"] for r in got["b"]["runs"]["live"]})
     printed = capsys.readouterr().out
     first = got["a"]["runs"]["live"][0]["updates"][0]
     assert f"+{first['new_spans']} spans, {first['reanalysed']} analysed again" in printed
+    assert live["a_pause_s"] > 0 and "pause" in printed
