@@ -866,6 +866,8 @@ def test_thread_samples_read_back_stay_packed_until_asked(run) -> None:
 
     back = pickle.loads(pickle.dumps(store))
     assert back._packed is not None and back  # truthy without unpacking
+    assert store._packed is not None  # pickled: kept packed (an index writes at every pause)
+    assert store.samples and store._packed is None  # asked: unpacked again
     grown = back.extended(parts[0], [], {})
     assert grown is not None and grown._packed is back._packed and back._packed is not None
     blob = pickle.dumps(back)  # as read: pickled again as it was
@@ -878,10 +880,10 @@ def test_thread_samples_read_back_stay_packed_until_asked(run) -> None:
     eager = eager.extended(parts[1], [], {})
     assert eager is not None
     again = pickle.loads(pickle.dumps(grown))  # the new ones packed beside: not unpacked
-    assert grown._packed is not None and len(again._packed) == 2 and again
+    assert len(grown._packed) == 2 and not grown._more and again._packed == grown._packed
     assert again.samples == eager.samples
     assert grown.samples == eager.samples  # unpacked now, the new ones in their places
-    assert grown._packed is None and back._packed is not None  # `back` is not changed
+    assert grown._packed is None and len(back._packed) == 1  # `back` is not changed
     assert pickle.loads(pickle.dumps(grown)).samples == eager.samples
     empty = pickle.loads(pickle.dumps(EngineSteps()))
     assert not empty and empty.samples == []

@@ -565,16 +565,16 @@ class EngineSteps:
         """The thread samples, by time (ties: as read). Steps read back from an index
         keep theirs packed until asked, and so do their extensions (the new ones kept
         beside): a Live refresh that extends kept steps never asks, and unpacking the
-        105,000 of a 200,000-request run was 0.9 s of its first refresh. Pickled, the
-        new ones are packed beside the others (a chunk each time), so the index's write
-        of the steps at a pause does not ask either: their contention folds only the
-        samples since the last (`contention.usage_fold`)."""
+        105,000 of a 200,000-request run was 0.9 s of its first refresh. Pickling
+        packs them (`_pack`: the new ones in a chunk of their own), and they stay
+        packed: the index's write of the steps at a pause does not ask either, as their
+        contention folds only the samples since the last (`contention.usage_fold`)."""
         if self._packed is not None:
             got = [smp for chunk in self._packed for smp in _unpack_samples(chunk)]
             # stable: as if each extension had sorted (each chunk is sorted)
             if self._more or len(self._packed) > 1:
                 got = sorted(got + self._more, key=_by_time)
-            self.samples = got
+            self._samples, self._packed, self._packed_n, self._more = got, None, 0, []
         return self._samples
 
     @samples.setter
@@ -595,16 +595,22 @@ class EngineSteps:
         else:
             self.usage, self.usage_after = None, []
 
+    def _pack(self) -> None:
+        """The samples packed, the new ones in a chunk of their own (not unpacked: as
+        read), and kept so: an index writes its steps at every pause of a Live run, and
+        only contention made again from every sample unpacks them."""
+        if self._packed is None:
+            self._packed, self._packed_n = [_pack_samples(self._samples)], len(self._samples)
+            self._samples = []
+        if self._more:  # a new list: extensions share the one they were made with
+            self._packed = [*self._packed, _pack_samples(sorted(self._more, key=_by_time))]
+            self._packed_n, self._more = self._packed_n + len(self._more), []
+
     def __getstate__(self) -> dict[str, Any]:
+        self._pack()
         state = {k: v for k, v in self.__dict__.items() if k not in _SAMPLES_STATE}
-        if self._packed is not None:  # as read, and the new ones beside: not unpacked
-            packed, n = self._packed, self._packed_n + len(self._more)
-            if self._more:
-                packed = [*packed, _pack_samples(sorted(self._more, key=_by_time))]
-        else:
-            packed, n = [_pack_samples(self._samples)], len(self._samples)
         return {**state, "_lists": {}, "_max_end": {}, "_solo": {}, "_solo_steps": {},
-                "samples": packed, "samples_n": n}  # fmt: skip
+                "samples": self._packed, "samples_n": self._packed_n}  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # older code's: no `recent`, no contention fold, the samples in one chunk
