@@ -37,6 +37,7 @@ from tracedpush.analysis import (
 from tracedpush.analysis import contention as contention_mod
 from tracedpush.analysis.columns import RunColumns
 from tracedpush.analysis.index import INDEX_DIRNAME, AnalysisIndex, index_run
+from tracedpush.analysis.index_live import TraceSlots
 from tracedpush.analysis.index_store import SHARDS, open_span_db, wal
 from tracedpush.analysis.report_json import write_json
 from tracedpush.analysis.results import LazyRequests, RunAnalysis
@@ -882,7 +883,7 @@ def test_a_moved_clock_splits_again_only_the_tpot_its_steps_meet(tmp_path: Path)
     idx.close()
 
 
-def test_moved_offsets_are_caught_up_within_a_budget(tmp_path: Path) -> None:
+def test_moved_offsets_are_caught_up_within_a_budget(tmp_path: Path, monkeypatch) -> None:
     """When the clock offsets move, a Live refresh (``update(reanalyse_at_most=N)``)
     analyses the new traces and at most N of the earlier ones they moved, newest
     first; later updates catch up N at a time with nothing new; once none is behind,
@@ -921,10 +922,15 @@ def test_moved_offsets_are_caught_up_within_a_budget(tmp_path: Path) -> None:
     left = set(seq) - set(redone)
     assert idx.last_tpot_redone == 15 + 4
     assert all(idx._kept[t].tpot == tpot[t] for t in left) and any(tpot.values())
+    scans: list[int] = []  # catching up reads those left behind, not every trace
+    every = TraceSlots.traces
+    monkeypatch.setattr(TraceSlots, "traces", lambda sl: scans.append(1) or every(sl))
     for _ in range(3):
         idx.update(reanalyse_at_most=4)
         assert idx.last_new == 0 and idx.last_reanalysed == 4
-    assert idx.behind == 45 - 16
+    assert idx.behind == 45 - 16 and not scans
+    redone = [t for t in idx._stale_saved if t not in late]  # still the newest first
+    assert sorted(seq[t] for t in redone) == sorted(seq.values())[-16:-12]
     idx.close()
     warm = AnalysisIndex([d], index_dir=tmp_path / "index")
     warm.update(reanalyse_at_most=10)

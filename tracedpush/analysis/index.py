@@ -745,10 +745,17 @@ class AnalysisIndex:
         self._off_ns = off
         # every kept result has these offsets (resources new since the last update are
         # only in traces that changed): only new spans count
-        if state.off is not None and off[: len(state.off)] == state.off and not state.behind:
+        held = state.off is not None and off[: len(state.off)] == state.off
+        if held and (not state.behind or self._left):
             stale = [tid for tid in changed if self._kept[tid].facts.res]
             stale.sort(key=lambda t: self._kept[t].facts.seq)
-            self._left = set()
+            if state.behind:  # the offsets held since the update that left these behind:
+                # they alone are stale, no scan of every trace (0.4 s at 200,000 requests,
+                # every refresh until they are caught up)
+                stale += [t for t in self._left if t not in changed]
+                stale = self._within_budget(stale, changed)
+            else:
+                self._left = set()
         else:
             stale = [
                 tid
