@@ -407,10 +407,6 @@ class StepParts:
         self.sched: dict[str, list[cols.Columns]] = {}
         self.work: dict[str, list[cols.Columns]] = {}
         self.samples: list[ThreadSample] = []
-        # `contention`'s fold of the samples (a `contention.UsageFold`), and the samples
-        # that came after it: contention at a Live pause folds only those
-        self.usage: Any = None
-        self.usage_after: list[ThreadSample] = []
         self.engines: dict[str, EngineInfo] = {}
         self.spans = 0
         self.resources: dict[int, Resource] = {}  # every process span's, as first seen
