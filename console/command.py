@@ -20,6 +20,8 @@ import sys
 import threading
 from pathlib import Path
 
+from tracedpush import tuning
+
 DEFAULT_PORT = 8501
 
 
@@ -32,6 +34,8 @@ EPILOG = """The server loads its source as it starts (the first time on a big ru
 the analysis index beside the traces, as `tracedpush report` does), analyses it, and prints
 `tracedpush console: ready: N requests ...` once a visit only has to draw its page, or
 `tracedpush console: not ready: ...` and why. See docs/console.md."""
+
+EPILOG += "\n\n" + tuning.HELP
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

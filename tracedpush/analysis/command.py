@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
+from tracedpush import tuning
 from tracedpush.analysis.analyze import analyze
 from tracedpush.analysis.bench import join, render_bench
 from tracedpush.analysis.bench_results import BenchFormatError, BenchResult, load_results
@@ -56,6 +57,8 @@ compares push vs pull per input length x QPS cell: client TTFT/TPOT percentiles 
 ratios, client vs proxy TTFT agreement, where the TTFT difference goes. vLLM's own
 files carry no ids: the prefix their rows were sent with is inferred from the traces
 or given with --request-id-prefix. See docs/report.md."""
+
+EPILOG += "\n\n" + tuning.HELP
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

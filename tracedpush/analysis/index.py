@@ -53,7 +53,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from tracedpush.analysis import skew, tpot
+from tracedpush.analysis import skew, steps_columns, tpot
 from tracedpush.analysis import steps as steps_mod
 from tracedpush.analysis._gc import paused_gc
 from tracedpush.analysis.analyze import PROCESS_SPANS, request_analysis
@@ -161,10 +161,21 @@ class _State:
     behind: int = 0  # kept results still made with older offsets than `off` (see `update`)
 
 
-@lru_cache(maxsize=1)
 def format_key() -> tuple[int, str]:
-    """`FORMAT` and a digest of the analysis code: kept results are only as right as
-    the code that made them, so an index made by other code is rebuilt."""
+    """`FORMAT`, a digest of the analysis code and the `tuning` values in force: kept
+    results are only as right as the code and the knobs that made them, so an index made
+    by other code, or with other values, is rebuilt."""
+    knobs = (
+        skew.WINDOWS,
+        skew.MIN_WINDOW_NS,
+        steps_columns.SOLO_EPOCH_NS,
+        steps_columns.SOLO_MIN_STEPS,
+    )
+    return FORMAT, _code_digest() + " " + " ".join(map(str, knobs))
+
+
+@lru_cache(maxsize=1)
+def _code_digest() -> str:
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
     for f in sorted([*(here / f"{m}.py" for m in _RESULT_MODULES), here.parent / "semconv.py"]):
@@ -172,7 +183,7 @@ def format_key() -> tuple[int, str]:
             h.update(f.name.encode())
             h.update(f.read_bytes())
     h.update(f"{sys.version_info[:2]} {marshal.version}".encode())
-    return FORMAT, h.hexdigest()[:16]
+    return h.hexdigest()[:16]
 
 
 def default_dir(paths: Sequence[str | os.PathLike[str]]) -> Path:

@@ -57,13 +57,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tracedpush import semconv as sc
+from tracedpush import tuning
 from tracedpush.analysis.model import STATUS_ERROR, ClockOffset, OffsetWindow, Resource, Span
 from tracedpush.analysis.timeline import DECODE, PREFILL, PROXY, TraceIndex
 
 INF = float("inf")
 # `over_time`: the run's time in at most this many windows, each at least this long
-WINDOWS = 12
-MIN_WINDOW_NS = 10 * 10**9
+# (12, 10 s; `tuning`: TRACEDPUSH_SKEW_WINDOWS, TRACEDPUSH_SKEW_MIN_WINDOW_S)
+WINDOWS = tuning.WINDOWS
+MIN_WINDOW_NS = tuning.MIN_WINDOW_NS
 
 Pair = tuple[Span, int, Span, int]  # (a, a's raw time, b, b's raw time): a before b
 

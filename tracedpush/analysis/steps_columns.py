@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from tracedpush import semconv as sc
+from tracedpush import tuning
 from tracedpush.analysis.model import Resource
 
 NONE = int(np.iinfo(np.int64).min)  # a field the step's record did not carry (None)
@@ -58,10 +59,12 @@ RANK_SLACK_NS = 10**9  # other TP ranks record the same step within this
 # slacks before the latest start (80 s: new records may come that much later than the
 # latest, less the 20 s they look back, before every record is joined again)
 RECENT_SLACKS = 8
-SOLO_EPOCH_NS = 60 * 10**9  # TPOT's solo forward cost is a median per minute (`step_solo_us`)
-# a minute's own solo cost needs this many one-request steps: the median of fewer is noise
-# (one step beside a GC pause), and such a minute takes its neighbours' (`step_solo_us`)
-SOLO_MIN_STEPS = 8
+# TPOT's solo forward cost is a median per minute (`step_solo_us`); a minute's own needs
+# this many one-request steps: the median of fewer is noise (one step beside a GC pause),
+# and such a minute takes its neighbours' (60 s, 8; `tuning`: TRACEDPUSH_TPOT_SOLO_EPOCH_S,
+# TRACEDPUSH_TPOT_SOLO_MIN_STEPS)
+SOLO_EPOCH_NS = tuning.SOLO_EPOCH_NS
+SOLO_MIN_STEPS = tuning.SOLO_MIN_STEPS
 
 
 def empty() -> Columns:

@@ -1,0 +1,115 @@
+"""The analysis' tuning knobs (`tracedpush.tuning`): read from the environment by the real
+commands, checked before anything starts, in force in the report, and part of what an
+analysis index was made with."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tracedpush.analysis import skew, steps_columns
+from tracedpush.analysis.index import AnalysisIndex
+from tracedpush.testing import synthetic
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("tuning") / "traces"
+    synthetic.generate(60, seed=3, clock_offsets_ms={synthetic.DECODE_INSTANCE: 3.0}).write(d)
+    return d
+
+
+def _tracedpush(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tracedpush", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _windows(traces: Path, **env: str) -> list[dict]:
+    got = _tracedpush("report", "--traces", str(traces), "--no-index", "--format", "json", **env)
+    assert got.returncode == 0, got.stderr
+    return json.loads(got.stdout)["clock_offsets_over_time"]
+
+
+def test_windows_follow_the_environment(traces: Path) -> None:
+    """The 20 s synthetic run in windows of at least 1 s: 12 by default, 3 when asked."""
+    default = _windows(traces, TRACEDPUSH_SKEW_MIN_WINDOW_S="1")
+    fewer = _windows(traces, TRACEDPUSH_SKEW_MIN_WINDOW_S="1", TRACEDPUSH_SKEW_WINDOWS="3")
+    assert 3 < len(default) <= 12 and 0 < len(fewer) <= 3, (len(default), len(fewer))
+    # the windows of at least 10 s (the default) cut the same run into at most 3
+    assert 0 < len(_windows(traces)) <= 3
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("TRACEDPUSH_SKEW_WINDOWS", "0", "must be at least 1"),
+        ("TRACEDPUSH_SKEW_MIN_WINDOW_S", "-5", "must be a positive number of seconds"),
+        ("TRACEDPUSH_TPOT_SOLO_EPOCH_S", "a minute", "is not a number"),
+        ("TRACEDPUSH_TPOT_SOLO_MIN_STEPS", "1.5", "is not an integer"),
+    ],
+)
+def test_a_bad_value_stops_the_command_naming_it(name: str, value: str, says: str) -> None:
+    for command in ("report", "console"):
+        got = _tracedpush(command, "--help", **{name: value})
+        assert got.returncode != 0 and name in got.stderr and says in got.stderr, got
+        assert "Traceback" not in got.stderr
+
+
+def test_help_lists_the_knobs() -> None:
+    for command in ("report", "console"):
+        got = _tracedpush(command, "--help")
+        assert got.returncode == 0
+        for name in ("TRACEDPUSH_SKEW_WINDOWS", "TRACEDPUSH_TPOT_SOLO_MIN_STEPS"):
+            assert name in got.stdout, (command, name)
+
+
+@pytest.mark.parametrize(
+    ("module", "knob", "value"),
+    [
+        (skew, "WINDOWS", 3),
+        (skew, "MIN_WINDOW_NS", 10**9),
+        (steps_columns, "SOLO_EPOCH_NS", 10 * 10**9),
+        (steps_columns, "SOLO_MIN_STEPS", 2),
+    ],
+)
+def test_an_index_made_with_other_values_is_built_again(
+    traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module, knob: str, value: int
+) -> None:
+    idx = AnalysisIndex([traces], index_dir=tmp_path / "index")
+    idx.update()
+    idx.close()
+    same = AnalysisIndex([traces], index_dir=tmp_path / "index")
+    same.update()
+    assert not same.rebuilt
+    same.close()
+    monkeypatch.setattr(module, knob, value)
+    other = AnalysisIndex([traces], index_dir=tmp_path / "index")
+    other.update()
+    assert other.rebuilt
+    other.close()
+
+
+def test_tpot_knobs_reach_the_analysis() -> None:
+    """TPOT's solo epoch and minimum steps, as the analysis reads them (their effect on a
+    breakdown is tested with the constants themselves: tests/unit/test_analysis_columns.py)."""
+    code = (
+        "from tracedpush.analysis import steps_columns as c\n"
+        "print(c.SOLO_EPOCH_NS, c.SOLO_MIN_STEPS)"
+    )
+    env = {
+        **os.environ,
+        "TRACEDPUSH_TPOT_SOLO_EPOCH_S": "2.5",
+        "TRACEDPUSH_TPOT_SOLO_MIN_STEPS": "3",
+    }
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert got.stdout.split() == [str(2_500_000_000), "3"], got.stderr
