@@ -35,9 +35,15 @@ def _tracedpush(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def _windows(traces: Path, **env: str) -> list[dict]:
+    """The JSON report's windows; its ``tuning`` says the values they were made with."""
     got = _tracedpush("report", "--traces", str(traces), "--no-index", "--format", "json", **env)
     assert got.returncode == 0, got.stderr
-    return json.loads(got.stdout)["clock_offsets_over_time"]
+    doc = json.loads(got.stdout)
+    knobs = doc["tuning"]
+    assert knobs["skew_windows"] == int(env.get("TRACEDPUSH_SKEW_WINDOWS", 12))
+    assert knobs["skew_min_window_s"] == float(env.get("TRACEDPUSH_SKEW_MIN_WINDOW_S", 10))
+    assert (knobs["tpot_solo_epoch_s"], knobs["tpot_solo_min_steps"]) == (60.0, 8)
+    return doc["clock_offsets_over_time"]
 
 
 def test_windows_follow_the_environment(traces: Path) -> None:

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
-from tracedpush.analysis import forked
+from tracedpush.analysis import forked, skew, steps_columns
 from tracedpush.analysis.compare import compare
 from tracedpush.analysis.model import round_ms
 from tracedpush.analysis.results import LazyRequests, RequestAnalysis, RunAnalysis
@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover - a declared dependency; without it, the
     _reindent = None
 
 # bump when docs/report.md's JSON format changes incompatibly; added fields (issue 11's
-# `failure` per request and `failures` per run, issue 12's `sampling`) keep it
+# `failure` per request and `failures` per run, issue 12's `sampling` and `tuning`) keep it
 JSON_VERSION = 2
 _compact = json.JSONEncoder(separators=(",", ":")).encode
 
@@ -146,12 +146,23 @@ PARALLEL_STEP = 2_000  # requests a forked worker makes and encodes at a time (a
 _REQUESTS = "\0requests\0"
 
 
+def _tuning() -> dict[str, float | int]:
+    """The knobs the analysis used (`tracedpush.tuning`), in its variables' units."""
+    return {
+        "skew_windows": skew.WINDOWS,
+        "skew_min_window_s": skew.MIN_WINDOW_NS / 1e9,
+        "tpot_solo_epoch_s": steps_columns.SOLO_EPOCH_NS / 1e9,
+        "tpot_solo_min_steps": steps_columns.SOLO_MIN_STEPS,
+    }
+
+
 def _document(run: RunAnalysis, requests: Any) -> dict[str, Any]:
     return {
         "version": JSON_VERSION,
         "source": run.source,
         "skew_corrected": run.skew_corrected,
         "skew_policy": run.skew_policy,
+        "tuning": _tuning(),
         "load_stats": run.stats.to_json(),
         "clock_offsets_ms": {k: v.to_json() for k, v in run.clock_offsets.items()},
         "clock_offsets_over_time": [w.to_json() for w in run.clock_windows],
