@@ -19,6 +19,15 @@ MIN_WINDOW_ENV = "TRACEDPUSH_SKEW_MIN_WINDOW_S"
 SOLO_EPOCH_ENV = "TRACEDPUSH_TPOT_SOLO_EPOCH_S"
 SOLO_MIN_STEPS_ENV = "TRACEDPUSH_TPOT_SOLO_MIN_STEPS"
 
+# The JSON report's name of each knob (`report_json.tuning_in_force`), its variable and
+# its default, in the variable's unit.
+KNOBS: tuple[tuple[str, str, float], ...] = (
+    ("skew_windows", WINDOWS_ENV, 12),
+    ("skew_min_window_s", MIN_WINDOW_ENV, 10.0),
+    ("tpot_solo_epoch_s", SOLO_EPOCH_ENV, 60.0),
+    ("tpot_solo_min_steps", SOLO_MIN_STEPS_ENV, 8),
+)
+
 # For `--help` (report and console): each variable, its default, what it sets.
 HELP = "analysis tuning (environment; docs/report.md, Tuning):\n" + "\n".join(
     f"  {name + '=' + default:<36}{what}"

@@ -119,3 +119,15 @@ def test_tpot_knobs_reach_the_analysis() -> None:
     }
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert got.stdout.split() == [str(2_500_000_000), "3"], got.stderr
+
+
+def test_the_text_report_names_the_knobs_not_at_their_defaults(traces: Path) -> None:
+    args = ("report", "--traces", str(traces), "--no-index")
+    default = _tracedpush(*args)
+    changed = _tracedpush(*args, TRACEDPUSH_SKEW_WINDOWS="3", TRACEDPUSH_TPOT_SOLO_EPOCH_S="2.5")
+    assert default.returncode == changed.returncode == 0, changed.stderr
+    assert "tuning:" not in default.stdout
+    assert (
+        "tuning: TRACEDPUSH_SKEW_WINDOWS=3 (default 12), "
+        "TRACEDPUSH_TPOT_SOLO_EPOCH_S=2.5 (default 60)" in changed.stdout
+    ), changed.stdout[:600]

@@ -20,7 +20,9 @@ from tracedpush.analysis.compare import (
     explain_delta,
 )
 from tracedpush.analysis.failures import FailureSummary
+from tracedpush.analysis.report_json import tuning_in_force
 from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
+from tracedpush.tuning import KNOBS
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -120,6 +122,10 @@ def _summary(run: RunAnalysis) -> str:
         "clock skew: "
         + ("corrected" if run.skew_corrected else "NOT corrected (--no-skew-correction)"),
     ]
+    knobs = tuning_in_force()
+    changed = [f"{env}={knobs[k]:g} (default {d:g})" for k, env, d in KNOBS if knobs[k] != d]
+    if changed:
+        lines.append("tuning: " + ", ".join(changed))
     if st.errors:
         lines.append(f"last loading problem: {st.errors[-1]}")
     return _section("tracedpush report", "\n".join(lines))

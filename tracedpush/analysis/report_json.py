@@ -146,8 +146,9 @@ PARALLEL_STEP = 2_000  # requests a forked worker makes and encodes at a time (a
 _REQUESTS = "\0requests\0"
 
 
-def _tuning() -> dict[str, float | int]:
-    """The knobs the analysis used (`tracedpush.tuning`), in its variables' units."""
+def tuning_in_force() -> dict[str, float | int]:
+    """The knobs the analysis uses (`tracedpush.tuning`: its modules' own values, which a
+    test may have changed), by `tuning.KNOBS` name, in the variables' units."""
     return {
         "skew_windows": skew.WINDOWS,
         "skew_min_window_s": skew.MIN_WINDOW_NS / 1e9,
@@ -162,7 +163,7 @@ def _document(run: RunAnalysis, requests: Any) -> dict[str, Any]:
         "source": run.source,
         "skew_corrected": run.skew_corrected,
         "skew_policy": run.skew_policy,
-        "tuning": _tuning(),
+        "tuning": tuning_in_force(),
         "load_stats": run.stats.to_json(),
         "clock_offsets_ms": {k: v.to_json() for k, v in run.clock_offsets.items()},
         "clock_offsets_over_time": [w.to_json() for w in run.clock_windows],
