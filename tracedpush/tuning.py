@@ -14,34 +14,28 @@ from __future__ import annotations
 
 from tracedpush.envs import env_float, env_int
 
-WINDOWS_ENV = "TRACEDPUSH_SKEW_WINDOWS"
-MIN_WINDOW_ENV = "TRACEDPUSH_SKEW_MIN_WINDOW_S"
-SOLO_EPOCH_ENV = "TRACEDPUSH_TPOT_SOLO_EPOCH_S"
-SOLO_MIN_STEPS_ENV = "TRACEDPUSH_TPOT_SOLO_MIN_STEPS"
-
-# The JSON report's name of each knob (`report_json.tuning_in_force`), its variable and
-# its default, in the variable's unit.
-KNOBS: tuple[tuple[str, str, float], ...] = (
-    ("skew_windows", WINDOWS_ENV, 12),
-    ("skew_min_window_s", MIN_WINDOW_ENV, 10.0),
-    ("tpot_solo_epoch_s", SOLO_EPOCH_ENV, 60.0),
-    ("tpot_solo_min_steps", SOLO_MIN_STEPS_ENV, 8),
-)
+# Each knob: its name in the JSON report (`report_json.tuning_in_force`), its variable, its
+# default (in the variable's unit) and what it sets (`--help`).
+KNOBS: tuple[tuple[str, str, float, str], ...] = (
+    ("skew_windows", "TRACEDPUSH_SKEW_WINDOWS", 12,
+     "clock offsets per stretch: at most this many windows,"),
+    ("skew_min_window_s", "TRACEDPUSH_SKEW_MIN_WINDOW_S", 10.0,
+     "each at least this many seconds"),
+    ("tpot_solo_epoch_s", "TRACEDPUSH_TPOT_SOLO_EPOCH_S", 60.0,
+     "TPOT's solo forward cost: a median per epoch this long,"),
+    ("tpot_solo_min_steps", "TRACEDPUSH_TPOT_SOLO_MIN_STEPS", 8,
+     "over at least this many one-request steps"),
+)  # fmt: skip
+_WINDOWS, _MIN_WINDOW, _SOLO_EPOCH, _SOLO_MIN_STEPS = ((env, d) for _, env, d, _ in KNOBS)
 
 # For `--help` (report and console): each variable, its default, what it sets.
 HELP = "analysis tuning (environment; docs/report.md, Tuning):\n" + "\n".join(
-    f"  {name + '=' + default:<36}{what}"
-    for name, default, what in (
-        (WINDOWS_ENV, "12", "clock offsets per stretch: at most this many windows,"),
-        (MIN_WINDOW_ENV, "10", "each at least this many seconds"),
-        (SOLO_EPOCH_ENV, "60", "TPOT's solo forward cost: a median per epoch this long,"),
-        (SOLO_MIN_STEPS_ENV, "8", "over at least this many one-request steps"),
-    )
+    f"  {f'{env}={default:g}':<36}{what}" for _name, env, default, what in KNOBS
 )
 
 
-def _positive_int(name: str, default: int) -> int:
-    value = env_int(name, default)
+def _positive_int(name: str, default: float) -> int:
+    value = env_int(name, int(default))
     if value < 1:
         raise SystemExit(f"{name}={value} must be at least 1")
     return value
@@ -54,7 +48,7 @@ def _positive_ns(name: str, default_s: float) -> int:
     return round(value * 1e9)
 
 
-WINDOWS = _positive_int(WINDOWS_ENV, 12)
-MIN_WINDOW_NS = _positive_ns(MIN_WINDOW_ENV, 10.0)
-SOLO_EPOCH_NS = _positive_ns(SOLO_EPOCH_ENV, 60.0)
-SOLO_MIN_STEPS = _positive_int(SOLO_MIN_STEPS_ENV, 8)
+WINDOWS = _positive_int(*_WINDOWS)
+MIN_WINDOW_NS = _positive_ns(*_MIN_WINDOW)
+SOLO_EPOCH_NS = _positive_ns(*_SOLO_EPOCH)
+SOLO_MIN_STEPS = _positive_int(*_SOLO_MIN_STEPS)

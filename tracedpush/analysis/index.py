@@ -53,7 +53,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from tracedpush.analysis import skew, steps_columns, tpot
+from tracedpush.analysis import skew, tpot
 from tracedpush.analysis import steps as steps_mod
 from tracedpush.analysis._gc import paused_gc
 from tracedpush.analysis.analyze import PROCESS_SPANS, request_analysis
@@ -84,6 +84,7 @@ from tracedpush.analysis.index_store import (
 from tracedpush.analysis.load import FileSource, _FileState
 from tracedpush.analysis.model import ClockOffset, LoadStats, Resource, Span
 from tracedpush.analysis.otlp import Decoder
+from tracedpush.analysis.report_json import tuning_in_force
 from tracedpush.analysis.results import (
     LazyRequests,
     LazySteps,
@@ -165,12 +166,7 @@ def format_key() -> tuple[int, str]:
     """`FORMAT`, a digest of the analysis code and the `tuning` values in force: kept
     results are only as right as the code and the knobs that made them, so an index made
     by other code, or with other values, is rebuilt."""
-    knobs = (
-        skew.WINDOWS,
-        skew.MIN_WINDOW_NS,
-        steps_columns.SOLO_EPOCH_NS,
-        steps_columns.SOLO_MIN_STEPS,
-    )
+    knobs = tuning_in_force().values()
     return FORMAT, _code_digest() + " " + " ".join(map(str, knobs))
 
 

@@ -123,7 +123,7 @@ def _summary(run: RunAnalysis) -> str:
         + ("corrected" if run.skew_corrected else "NOT corrected (--no-skew-correction)"),
     ]
     knobs = tuning_in_force()
-    changed = [f"{env}={knobs[k]:g} (default {d:g})" for k, env, d in KNOBS if knobs[k] != d]
+    changed = [f"{env}={knobs[k]:g} (default {d:g})" for k, env, d, _ in KNOBS if knobs[k] != d]
     if changed:
         lines.append("tuning: " + ", ".join(changed))
     if st.errors:

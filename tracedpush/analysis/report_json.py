@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
+from tracedpush import tuning
 from tracedpush.analysis import forked, skew, steps_columns
 from tracedpush.analysis.compare import compare
 from tracedpush.analysis.model import round_ms
@@ -149,12 +150,13 @@ _REQUESTS = "\0requests\0"
 def tuning_in_force() -> dict[str, float | int]:
     """The knobs the analysis uses (`tracedpush.tuning`: its modules' own values, which a
     test may have changed), by `tuning.KNOBS` name, in the variables' units."""
-    return {
-        "skew_windows": skew.WINDOWS,
-        "skew_min_window_s": skew.MIN_WINDOW_NS / 1e9,
-        "tpot_solo_epoch_s": steps_columns.SOLO_EPOCH_NS / 1e9,
-        "tpot_solo_min_steps": steps_columns.SOLO_MIN_STEPS,
-    }
+    values = (
+        skew.WINDOWS,
+        skew.MIN_WINDOW_NS / 1e9,
+        steps_columns.SOLO_EPOCH_NS / 1e9,
+        steps_columns.SOLO_MIN_STEPS,
+    )
+    return {name: v for (name, *_), v in zip(tuning.KNOBS, values, strict=True)}
 
 
 def _document(run: RunAnalysis, requests: Any) -> dict[str, Any]:

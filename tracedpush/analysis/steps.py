@@ -586,10 +586,8 @@ class EngineSteps:
         else:
             self._samples, self._packed = [], steps._packed
             self._packed_n, self._more = steps._packed_n, steps._more + new
-        if steps.usage is not None:
+        if steps.usage is not None:  # else none (a new store's, or the setter's)
             self.usage, self.usage_after = steps.usage, steps.usage_after + new
-        else:
-            self.usage, self.usage_after = None, []
 
     def _pack(self) -> None:
         """The samples packed, the new ones in a chunk of their own (not unpacked: as
@@ -615,13 +613,11 @@ class EngineSteps:
         usage = state.pop("usage"), state.pop("usage_after")
         self.__dict__.update(state)
         self.samples = []
-        if isinstance(packed, bytes):
-            packed = [packed]
         if n is None:  # older code's: how many is not known without them
-            self._packed, self._packed_n = packed, 1
-            self.samples = self.samples  # unpacked, as they were
+            self.samples = _unpack_samples(packed)
         elif n:
-            self._packed, self._packed_n = packed, n
+            self._packed = [packed] if isinstance(packed, bytes) else packed
+            self._packed_n = n
         self.usage, self.usage_after = usage
 
     def __bool__(self) -> bool:
