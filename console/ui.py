@@ -16,6 +16,7 @@ from typing import Any
 import streamlit as st
 
 from tracedpush.analysis import skew
+from tracedpush.analysis.report_json import tuning_changed
 from tracedpush.console import data, zones
 from tracedpush.console.source import Source, bench_from_args, from_args
 
@@ -115,6 +116,12 @@ def load_notes(snap: data.Snapshot) -> None:
             f"The clock offsets moved: {snap.behind:,} older requests are still analysed "
             f"with the previous ones; Reload or the Live page analyses them again, "
             f"{data.REANALYSE_PER_REFRESH:,} a refresh, newest first."
+        )
+    changed = tuning_changed()
+    if changed:
+        st.caption(
+            f"Analysis tuning not at its defaults: {', '.join(changed)}, from the environment "
+            "the console started in (`tracedpush console --help`)."
         )
     run = snap.run
     moved = [] if run is None else sorted(skew.outside(run.clock_offsets, run.clock_windows))

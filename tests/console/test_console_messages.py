@@ -99,3 +99,21 @@ def test_incomplete_traces_are_drawn_and_flagged(app, tmp_path):
         if page == "views/timeline.py":
             assert "Incomplete trace" in messages(at)
             assert at.get("plotly_chart")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_tuning_not_at_its_defaults_is_named(app, tmp_path, page, monkeypatch):
+    """Results depend on the analysis' tuning knobs (`tracedpush.tuning`): every page
+    names those not at their defaults, as the report's summary does, and none by default."""
+    from tracedpush.analysis import skew
+
+    generate(20, seed=5).write(tmp_path)
+    at = app(traces=tmp_path, page=page)
+    no_exception(at)
+    assert "Analysis tuning" not in messages(at)
+    monkeypatch.setattr(skew, "WINDOWS", 3)  # as TRACEDPUSH_SKEW_WINDOWS=3 makes it
+    at = app(traces=tmp_path, page=page)
+    no_exception(at)
+    assert "Analysis tuning not at its defaults: TRACEDPUSH_SKEW_WINDOWS=3 (default 12)" in (
+        messages(at)
+    )

@@ -20,9 +20,8 @@ from tracedpush.analysis.compare import (
     explain_delta,
 )
 from tracedpush.analysis.failures import FailureSummary
-from tracedpush.analysis.report_json import tuning_in_force
+from tracedpush.analysis.report_json import tuning_changed
 from tracedpush.analysis.results import RequestAnalysis, RunAnalysis
-from tracedpush.tuning import KNOBS
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -122,8 +121,7 @@ def _summary(run: RunAnalysis) -> str:
         "clock skew: "
         + ("corrected" if run.skew_corrected else "NOT corrected (--no-skew-correction)"),
     ]
-    knobs = tuning_in_force()
-    changed = [f"{env}={knobs[k]:g} (default {d:g})" for k, env, d, _ in KNOBS if knobs[k] != d]
+    changed = tuning_changed()
     if changed:
         lines.append("tuning: " + ", ".join(changed))
     if st.errors:

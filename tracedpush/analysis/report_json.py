@@ -159,6 +159,13 @@ def tuning_in_force() -> dict[str, float | int]:
     return {name: v for (name, *_), v in zip(tuning.KNOBS, values, strict=True)}
 
 
+def tuning_changed() -> list[str]:
+    """Each knob not at its default, as ``VAR=value (default d)``: the report's summary
+    and the console's pages name them (results depend on them)."""
+    knobs = tuning_in_force()
+    return [f"{env}={knobs[k]:g} (default {d:g})" for k, env, d, _ in tuning.KNOBS if knobs[k] != d]
+
+
 def _document(run: RunAnalysis, requests: Any) -> dict[str, Any]:
     return {
         "version": JSON_VERSION,
