@@ -12,8 +12,10 @@ import marshal
 import mmap
 import multiprocessing
 import os
+import sqlite3
 import zlib
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -345,6 +347,9 @@ def test_parallel_build_with_odd_spans_equals_analyze(tmp_path: Path) -> None:
     got = idx.update()
     idx.close()
     assert len(index_build.WORKER_PEAK_KB) == SHARDS  # built in parallel, not sequentially
+    for shard in range(SHARDS):  # each worker put its shard in WAL mode (synced): no reader must
+        with closing(sqlite3.connect(idx.dir / f"spans-{shard}.sqlite")) as db:
+            assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     assert got.stats.spans > 0 and got.stats.duplicates > 0 and got.stats.malformed > 0
     assert [r.trace_id for r in got.requests] == [r.trace_id for r in want.requests]
     for x, y in zip(got.requests, want.requests, strict=True):
