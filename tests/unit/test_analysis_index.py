@@ -37,7 +37,7 @@ from tracedpush.analysis import (
 from tracedpush.analysis import contention as contention_mod
 from tracedpush.analysis.columns import RunColumns
 from tracedpush.analysis.index import INDEX_DIRNAME, AnalysisIndex, index_run
-from tracedpush.analysis.index_live import TraceSlots
+from tracedpush.analysis.index_live import SkewEvidence, TraceSlots
 from tracedpush.analysis.index_store import SHARDS, open_span_db, wal
 from tracedpush.analysis.report_json import write_json
 from tracedpush.analysis.results import LazyRequests, RunAnalysis
@@ -958,6 +958,59 @@ def test_moved_offsets_are_caught_up_within_a_budget(tmp_path: Path, monkeypatch
     report.close()
 
 
+def test_an_opened_index_takes_its_kept_skew_evidence(
+    tmp_path: Path, skewed: synthetic.SyntheticRun, monkeypatch
+) -> None:
+    """The index keeps the skew evidence beside it (after a cold build, when traffic
+    pauses, at close): opened again, its first update with new spans puts the changed
+    traces' evidence into the kept one rather than making it from every trace's facts
+    (0.6 s of the first Live refresh at 200,000 requests), and the run equals
+    `analyze`'s. Evidence kept for other facts than the index's (updated since, neither
+    paused nor closed) is not taken."""
+    pieces = _pieces(skewed.documents)
+    roots = [p[2]["traceId"] for p in pieces if p[2]["name"] == sc.SPAN_REQUEST]
+    late, grown = set(roots[120:]), set(roots[100:120])
+
+    def held(p: Piece) -> bool:  # new traces, and the proxy's leg of earlier ones: their
+        tid = p[2]["traceId"]  # pairs change (`skew.causal_pairs` takes it once it arrives)
+        return tid in late or (tid in grown and p[2]["name"] == sc.SPAN_PROXY_PREFILL)
+
+    first, second = [p for p in pieces if not held(p)], [p for p in pieces if held(p)]
+    d = tmp_path / "traces"
+    d.mkdir()
+    (d / "run.jsonl").write_text("".join(map(_line, first)))
+    built = AnalysisIndex([d], parallel=True)
+    built.update()
+    assert built._stored_key("skew") == 0  # the cold build wrote it
+    built.close()
+    made: list[int] = []
+    init = SkewEvidence.__init__
+    monkeypatch.setattr(
+        SkewEvidence, "__init__", lambda ev, at, facts: made.append(len(at)) or init(ev, at, facts)
+    )
+    with (d / "run.jsonl").open("a") as fh:
+        fh.writelines(map(_line, second[: len(second) // 2]))
+    opened = AnalysisIndex([d])
+    run = opened.update()
+    assert opened.last_new and not made
+    same(run, reference([d]))
+    kept = opened._slots.made_evidence
+    everything = [k.facts for _t, k in opened._slots.traces()]
+    fresh = SkewEvidence(np.array([f.seq for f in everything]), everything)
+    assert (kept.low, kept.count) == (fresh.low, fresh.count) and kept.low
+    with (d / "run.jsonl").open("a") as fh:
+        fh.writelines(map(_line, second[len(second) // 2 :]))
+    opened.update()
+    opened._close_dbs()  # killed: the evidence kept is the last opening's
+    made.clear()
+    again = AnalysisIndex([d])
+    same(again.update(), reference([d]))  # nothing new: the offsets hold, no evidence
+    assert not made and again._stored_key("skew") != again._state.facts_version
+    assert again.skew_edges() == opened.skew_edges()
+    assert made == [len(again._kept)]  # made from the facts, not taken
+    again.close()
+
+
 def test_results_of_the_parallel_build_are_made_again_when_read(tmp_path: Path) -> None:
     """The parallel cold build stores rows, not results (writing 200,000 results took
     about 5 s of its CPU): a result read is made again from the trace's stored spans
@@ -1112,8 +1165,10 @@ def test_growing_process_traces_parse_only_new_steps(
     parsed.clear()
     warm.update()
     assert warm._steps_unsaved
-    # an index opened on stored steps parses and joins in only the new ones
+    # an index opened on stored steps parses and joins in only the new ones, and makes
+    # their TPOT arrays from the stored ones' (`TpotSteps`: only what follows their head)
     assert warm.last_steps == "extended"
+    assert warm._tpot is not None and warm._tpot[1].base is not None
     assert sorted(parsed) == sorted(p[2]["spanId"] for p in later)
     folded: list[int] = []  # the contention written at the pause folds only new samples
     fold = contention_mod.UsageFold.add
@@ -1160,12 +1215,11 @@ def _steps_later(
     return out
 
 
-@pytest.mark.parametrize("pull_first", [False, True])
-def test_tied_proxies_keep_the_first_seen_reference(tmp_path: Path, pull_first: bool) -> None:
-    """Two proxies (one per mode, own hosts) with as many requests each: the reference
-    clock is the one whose requests were seen first, as `analyze` picks it, also when
-    the tie comes with an update."""
-    gen = synthetic.generate(60, seed=4, batch=4, hosts=UNTIED, engine_steps=False)
+def _two_proxies(modes: tuple[str, ...]) -> dict[str, list[Piece]]:
+    """A synthetic run of `modes` in sequence (one run each, in that order in time), its
+    pull runs' requests through a second proxy on its own host; pieces by mode."""
+    gen = synthetic.generate(30 * len(modes), seed=4, batch=4, hosts=UNTIED, modes=modes,
+                             engine_steps=False)  # fmt: skip
     second = {
         sc.RES_SERVICE_INSTANCE_ID: {"stringValue": "proxy-b"},
         sc.RES_HOST_NAME: {"stringValue": "h-proxy-b"},
@@ -1173,10 +1227,21 @@ def test_tied_proxies_keep_the_first_seen_reference(tmp_path: Path, pull_first: 
     parts: dict[str, list[Piece]] = {"push": [], "pull": []}
     for piece in _pieces(gen.documents):
         pid = int(_res_attr(piece[0], sc.RES_PROCESS_PID)["intValue"])
-        mode = "push" if pid < 2000 else "pull"  # `synthetic.generate`'s pids per mode
+        mode = "push" if pid < 2000 else "pull"  # `synthetic.generate`'s pids: 1000 per run
         if mode == "pull" and _service(piece) == sc.SERVICE_PROXY:
             piece = _moved(piece, **second)
         parts[mode].append(piece)
+    return parts
+
+
+@pytest.mark.parametrize("pull_first", [False, True])
+def test_tied_proxies_keep_the_reference_of_the_first_requests(
+    tmp_path: Path, pull_first: bool
+) -> None:
+    """Two proxies (one per mode, own hosts) with as many requests each: the reference
+    clock is the one whose requests started first, as `analyze` picks it, whichever
+    arrived first (a tie among the first requests: the first met by start)."""
+    parts = _two_proxies(("push", "pull"))  # push's requests start first
     d = tmp_path / "traces"
     d.mkdir()
     idx = AnalysisIndex([d])
@@ -1186,5 +1251,28 @@ def test_tied_proxies_keep_the_first_seen_reference(tmp_path: Path, pull_first: 
         run = idx.update()
         same(run, reference([d]))
     refs = [x for x, o in run.clock_offsets.items() if o.reference]
-    assert refs == (["proxy-b"] if pull_first else [synthetic.PROXY_INSTANCE])
+    assert refs == [synthetic.PROXY_INSTANCE]
+    idx.close()
+
+
+def test_the_reference_stays_when_another_proxy_gets_more_requests(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The reference is the proxy with the most of the run's first requests
+    (`skew.REFERENCE_REQUESTS`, 10 here): a proxy whose requests come later and
+    outnumber the first one's leaves it as it is, so a Live refresh analyses only the new
+    requests (over the whole run it moved to that proxy, and every offset with it)."""
+    monkeypatch.setattr(skew, "REFERENCE_REQUESTS", 10)
+    parts = _two_proxies(("push", "pull", "pull"))  # 30 through the first, then 60
+    d = tmp_path / "traces"
+    d.mkdir()
+    idx = AnalysisIndex([d])
+    (d / "run.jsonl").write_text("".join(map(_line, parts["push"])))
+    idx.update()
+    with (d / "run.jsonl").open("a") as fh:
+        fh.writelines(map(_line, parts["pull"]))
+    run = idx.update(reanalyse_at_most=0)
+    assert [x for x, o in run.clock_offsets.items() if o.reference] == [synthetic.PROXY_INSTANCE]
+    assert idx.behind == 0 and idx.last_reanalysed == 60
+    same(run, reference([d]))
     idx.close()

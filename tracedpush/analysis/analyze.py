@@ -61,12 +61,20 @@ def _traces(source: Source) -> tuple[list[tuple[str, list[Span]]], LoadStats, st
 
 
 def _reference(indexes: Sequence[TraceIndex], dom: Mapping[Resource, str]) -> str:
-    """The clock TTFT is measured on: the proxy that received the most requests."""
-    roots = Counter(dom[ix.root.resource] for ix in indexes if ix.root is not None)
+    """The clock times are placed on: the proxy that received the most of the run's first
+    `skew.REFERENCE_REQUESTS` requests (by raw start, then first seen; ties: the one met
+    first among them), which later requests never change; without a proxy, the clock
+    with the most spans."""
+    rooted = sorted((ix.root for ix in indexes if ix.root is not None), key=_start)
+    roots = Counter(dom[root.resource] for root in rooted[: skew.REFERENCE_REQUESTS])
     if roots:
         return roots.most_common(1)[0][0]
     labels = Counter(dom[s.resource] for ix in indexes for s in ix.spans)
     return labels.most_common(1)[0][0] if labels else ""
+
+
+def _start(span: Span) -> int:
+    return span.start_ns
 
 
 def analyze(

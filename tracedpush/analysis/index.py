@@ -105,7 +105,7 @@ FORMAT = 2  # bump when what is stored changes: an index of another format is re
 _DB = "index.sqlite"
 # kept beside the database as files (0.8 s to write at 200,000 requests where a blob in
 # it took 2-3 s: a Live index writes them on every pause), their keys in its meta table
-_FILES = {"steps": "steps.pickle", "steps_tpot": "steps-tpot.pickle"}
+_FILES = {"steps": "steps.pickle", "steps_tpot": "steps-tpot.pickle", "skew": "skew.pickle"}
 # what reading a torn or foreign index database raises (a TPOT segment of a trace no
 # kept segment has: KeyError): the index is built again
 _UNREADABLE = (sqlite3.DatabaseError, ValueError, EOFError, TypeError, KeyError)
@@ -154,6 +154,7 @@ class _State:
     segments: int = 0
     next_seq: int = 0
     process_version: int = 0  # bumped when per-process spans arrive
+    facts_version: int = 0  # bumped when kept facts change: the kept skew evidence's key
     tpot_key: Any = None  # the engine steps the kept TPOT breakdowns were split over
     # (skew policy, offsets, labels, offsets over time) of the last update: they hold
     # while no trace changes
@@ -238,6 +239,7 @@ class AnalysisIndex:
         self._ids: dict[str, set[str]] = {}  # span ids of process traces that grow
         self._steps_unsaved = False  # `_steps` is newer than the index's copy (`close`)
         self._steps_written = time.monotonic()
+        self._skew_written: tuple[int, float] | None = None  # (facts version, when)
         self._derived: tuple[Any, bool, dict[str, Any]] | None = None  # their summaries
         self.run: RunAnalysis | None = None
         self.last_new = 0  # spans the last update added
@@ -287,8 +289,10 @@ class AnalysisIndex:
         return db
 
     def close(self) -> None:
-        if self._steps_unsaved and self._db is not None:
-            self._write_steps()
+        if self._db is not None:
+            if self._steps_unsaved:
+                self._write_steps()
+            self._write_skew()
         self._close_dbs()
 
     def _close_dbs(self) -> None:
@@ -363,6 +367,8 @@ class AnalysisIndex:
                 kept.update({tid: load(t) for tid, t in marshal.loads(blob).items()})
         self._state, self._kept = state, kept
         self._slots = None
+        kept_skew = self._stored_key("skew") == state.facts_version
+        self._skew_written = (state.facts_version, time.monotonic()) if kept_skew else None
         self._delta = StepDelta(state.process_version)
         self._index_resources()
         self.rebuilt = False
@@ -388,6 +394,7 @@ class AnalysisIndex:
         self._steps_written = time.monotonic()
         self._derived = None
         self._slots = None
+        self._skew_written = None
         self._index_resources()
         self.rebuilt = True
 
@@ -621,14 +628,19 @@ class AnalysisIndex:
         if any(self._kept[t].facts.process for t in changed):
             state.process_version += 1
         run = self._analyse(changed)
+        if changed:
+            state.facts_version += 1
         self._save(changed)
         db.execute("COMMIT")
         if fresh:
             _journal(db, "WAL")
-        if self._steps_unsaved and (
-            not changed or time.monotonic() - self._steps_written > STEPS_WRITE_S
-        ):  # a Live index is seldom closed: it writes its steps when traffic pauses
+        # a Live index is seldom closed: it writes its steps and skew evidence when
+        # traffic pauses, and at least every STEPS_WRITE_S
+        now = time.monotonic()
+        if self._steps_unsaved and (not changed or now - self._steps_written > STEPS_WRITE_S):
             self._write_steps()
+        if not changed or self._skew_written is None or now - self._skew_written[1] > STEPS_WRITE_S:
+            self._write_skew()
         self.run = run
         return run
 
@@ -737,8 +749,11 @@ class AnalysisIndex:
             slots.put_facts(everything)
             slots.put_rows(everything)
             slots.put_tpot([k for _t, k in slots.requests()])
-        else:
-            slots.put_facts([(t, self._kept[t]) for t in changed])
+            version = self._state.facts_version  # type: ignore[union-attr]
+            slots.kept_evidence(lambda: self._stored_value("skew", version))
+        # just made: written again, so that the kept evidence (of the facts before this
+        # update) gets the changed traces' when it is used
+        slots.put_facts([(t, self._kept[t]) for t in changed])
         return slots
 
     def _analyse(self, changed: dict[str, list[Span]]) -> RunAnalysis:
@@ -966,6 +981,11 @@ class AnalysisIndex:
             kept = pickle.loads(row[0]) if row is not None else None
         return kept if kept is not None and kept[0] == key else None
 
+    def _stored_value(self, name: str, key: Any) -> Any:
+        """What `_stored` keeps beside `key`, without it; None if not kept for `key`."""
+        kept = self._stored(name, key)
+        return None if kept is None else kept[1]
+
     def _parts(self) -> steps_mod.StepParts:
         """Every process trace's parsed steps, in first-seen order (parsed once each)."""
         assert self._slots is not None
@@ -1013,21 +1033,37 @@ class AnalysisIndex:
         kept = [("steps", self._steps), ("steps_derived", (key, truthy, derived))]
         if self._tpot is not None and self._tpot[0] == key:
             kept.append(("steps_tpot", self._tpot))
-        db = self._connect()
-        for k, v in kept:  # the value, then its key: a torn write leaves a key that differs
-            if k in _FILES:
-                tmp = self.dir / f"{_FILES[k]}.tmp"
-                with tmp.open("wb") as fh:
-                    pickle.dump(v, fh, protocol=pickle.HIGHEST_PROTOCOL)
-                os.replace(tmp, self.dir / _FILES[k])
-            else:
-                blob = pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL)
-                db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES (?, ?)", (k, blob))
-            db.execute(
-                "INSERT OR REPLACE INTO meta (k, v) VALUES (?, ?)", (f"{k}.key", pickle.dumps(key))
-            )
+        for name, value in kept:
+            self._store(name, value)
         self._steps_unsaved = False
         self._steps_written = time.monotonic()
+
+    def _write_skew(self) -> None:
+        """The skew evidence, for the facts as saved (their version), if made and not
+        written yet: an index opened again takes it (`TraceSlots.kept_evidence`)."""
+        state, slots = self._state, self._slots
+        got = None if slots is None else slots.made_evidence
+        if state is None or got is None:
+            return
+        if self._skew_written is None or self._skew_written[0] != state.facts_version:
+            self._store("skew", (state.facts_version, got))
+        self._skew_written = (state.facts_version, time.monotonic())
+
+    def _store(self, name: str, value: tuple[Any, Any]) -> None:
+        """Store `value` (its key, what was made for it) under `name`, as `_stored` reads
+        it: the value, then its key (a torn write leaves a key that differs); in a file of
+        its own for the big ones (`_FILES`)."""
+        db = self._connect()
+        if name in _FILES:
+            tmp = self.dir / f"{_FILES[name]}.tmp"
+            with tmp.open("wb") as fh:
+                pickle.dump(value, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(tmp, self.dir / _FILES[name])
+        else:
+            blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES (?, ?)", (name, blob))
+        key = pickle.dumps(value[0])
+        db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES (?, ?)", (f"{name}.key", key))
 
     def _tpot_before(self, key: Any) -> TpotSteps | None:
         """The steps the kept TPOT breakdowns were made with, if not `key`'s: what
@@ -1042,7 +1078,11 @@ class AnalysisIndex:
         if self._tpot is not None and self._tpot[0] == was:
             return self._tpot[1]
         kept = self._stored("steps_tpot", was)
-        return None if kept is None else kept[1]
+        if kept is None:
+            return None
+        if self._tpot is None:  # just opened: steps extended from these make theirs from
+            self._tpot = kept  # them (`TpotSteps`), not from every step (0.6 s at 200,000)
+        return kept[1]
 
     def _tpot_steps(self, key: Any, steps: LazySteps) -> TpotSteps:
         if self._tpot is None or self._tpot[0] != key:

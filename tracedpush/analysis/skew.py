@@ -66,6 +66,12 @@ INF = float("inf")
 # (12, 10 s; `tuning`: TRACEDPUSH_SKEW_WINDOWS, TRACEDPUSH_SKEW_MIN_WINDOW_S)
 WINDOWS = tuning.WINDOWS
 MIN_WINDOW_NS = tuning.MIN_WINDOW_NS
+# The reference clock is the proxy with the most of the run's first this many requests
+# (by raw start): a busy proxy, which later requests never change. Counted over the whole
+# run, two proxies whose counts are close (replicas behind a balancer, two fleets in one
+# directory) swapped it as requests came, and every offset moved with it: a Live index
+# analysed the run again, 2,000 requests a refresh.
+REFERENCE_REQUESTS = 1_000
 
 Pair = tuple[Span, int, Span, int]  # (a, a's raw time, b, b's raw time): a before b
 
