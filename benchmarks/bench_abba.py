@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--rounds", type=int, default=1, help="A B B A this many times")
     ap.add_argument("--calls", type=int, default=3, help="compare: calls per measurement")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON to write (%(default)s)")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.calls < 1:
         ap.error("--rounds and --calls must be at least 1")

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tracedpush.bench.argtypes import positive
+
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "console" / "app.py"
 OUT = REPO / "docs" / "benchmarks"
@@ -226,10 +228,22 @@ def _markdown(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=10_000)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--no-browser", action="store_true")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--requests",
+        type=positive(int),
+        default=10_000,
+        help="synthetic requests to generate (%(default)s)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=positive(int),
+        default=3,
+        help="new-browser visits of every page, their median and maximum (%(default)s)",
+    )
+    parser.add_argument(
+        "--no-browser", action="store_true", help="AppTest only: no headless Chromium"
+    )
+    parser.add_argument("--out", type=Path, default=OUT, help="where the figures go (%(default)s)")
     parser.add_argument("--traces", type=Path, help="measure this traces directory instead")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))

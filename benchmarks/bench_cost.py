@@ -38,6 +38,7 @@ from bench_events import HOOKS_PER_STEP, FakeUpstream, per_call_us, step_hooks, 
 from bench_overhead import PORTS  # the benchmarks' engine ports, away from `tracedpush up`'s
 
 from tracedpush import semconv as sc
+from tracedpush.bench.argtypes import positive
 from tracedpush.bench.workload import PromptMaker, run_workload, summarize
 from tracedpush.launcher import Deployment, DeploymentConfig
 from tracedpush.launcher.processes import session_members, stop_on_sigterm
@@ -109,12 +110,33 @@ def hook_cost_us() -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=("push", "pull"), default="push")
-    parser.add_argument("--requests", type=int, default=48)
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--lengths", default="512,1024")
-    parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/cost.json"))
+    parser.add_argument(
+        "--mode", choices=("push", "pull"), default="push", help="KV handoff (%(default)s)"
+    )
+    parser.add_argument(
+        "--requests", type=positive(int), default=48, help="requests per side (%(default)s)"
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=positive(int),
+        default=8,
+        help="requests in flight at once (%(default)s)",
+    )
+    parser.add_argument(
+        "--lengths", default="512,1024", help="prompt lengths in tokens, mixed (%(default)s)"
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=positive(int),
+        default=16,
+        help="output tokens per request (%(default)s)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("docs/benchmarks/cost.json"),
+        help="JSON to write (%(default)s)",
+    )
     args = parser.parse_args()
     stop_on_sigterm()  # SIGTERM stops the engines like Ctrl-C: nothing is left running
     model = ensure_model(None)

@@ -675,7 +675,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="measurements per engine")
     ap.add_argument("--out", type=Path, default=OUT, help="where NAME.md and NAME.json go")
     ap.add_argument("--name", default="engines", help="file name of the results, no suffix")
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--seed", type=int, default=1, help="seed of the synthetic requests (%(default)s)"
+    )
     ap.add_argument(
         "--synthetic-chunks",
         type=int,

@@ -27,6 +27,7 @@ from time import time_ns
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from tracedpush.bench.argtypes import positive
 from tracedpush.connector.tap import NixlAgentTap
 from tracedpush.telemetry import events as ev
 from tracedpush.telemetry.events import Recorder
@@ -144,8 +145,15 @@ def per_call_us(fn, n: int, repeat: int = 5) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=200_000, help="calls per measurement")
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/events.json"))
+    parser.add_argument(
+        "--n", type=positive(int), default=200_000, help="calls per measurement (%(default)s)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("docs/benchmarks/events.json"),
+        help="JSON to write (%(default)s)",
+    )
     args = parser.parse_args()
     n = args.n
 

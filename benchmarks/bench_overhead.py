@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tracedpush.bench.argtypes import positive
 from tracedpush.bench.workload import PromptMaker, percentile, run_workload
 from tracedpush.launcher import Deployment, DeploymentConfig
 from tracedpush.model.build import ensure_model
@@ -75,14 +76,51 @@ def stats(results: list) -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--modes", nargs="+", default=["push", "pull"], choices=["push", "pull"])
-    parser.add_argument("--requests", type=int, default=48)
-    parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[100, 1000, 3000])
-    parser.add_argument("--rounds", type=int, default=1, choices=[1, 2])
-    parser.add_argument("--model", type=Path, default=None)
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/overhead.json"))
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["push", "pull"],
+        choices=["push", "pull"],
+        help="KV handoffs (push pull)",
+    )
+    parser.add_argument(
+        "--requests", type=positive(int), default=48, help="requests per side (%(default)s)"
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=positive(int),
+        default=2,
+        help="requests in flight at once (%(default)s)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=positive(int),
+        default=32,
+        help="output tokens per request (%(default)s)",
+    )
+    parser.add_argument(
+        "--lengths",
+        type=positive(int),
+        nargs="+",
+        default=[100, 1000, 3000],
+        help="prompt lengths in tokens, mixed (100 1000 3000)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        choices=[1, 2],
+        help="1: tracing off, on; 2: off, on, on, off (%(default)s)",
+    )
+    parser.add_argument(
+        "--model", type=Path, default=None, help="model directory (default: the tiny local one)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("docs/benchmarks/overhead.json"),
+        help="JSON to write (%(default)s)",
+    )
     args = parser.parse_args()
 
     model = ensure_model(args.model)

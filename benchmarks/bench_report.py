@@ -48,6 +48,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tracedpush.bench.argtypes import positive
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "docs" / "benchmarks" / "report.json"
 REAL = REPO / "tests" / "data" / "real-run.jsonl.gz"
@@ -514,10 +516,22 @@ def _appends(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=10_000)
-    ap.add_argument("--real-share", type=float, default=0.5, help="share of replayed requests")
+    ap.add_argument(
+        "--requests",
+        type=positive(int),
+        default=10_000,
+        help=f"requests in the run (%(default)s; the targets are for {TARGET_REQUESTS:,})",
+    )
+    ap.add_argument(
+        "--real-share",
+        type=float,
+        default=0.5,
+        help="share of replayed requests, 0 to 1 (%(default)s)",
+    )
     ap.add_argument("--real", type=Path, default=REAL, help="real traces to replay")
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--seed", type=int, default=1, help="seed of the synthetic requests (%(default)s)"
+    )
     ap.add_argument("--baseline", action="store_true", help="also time --no-index")
     ap.add_argument("--keep", type=Path, help="build the run here and keep it")
     ap.add_argument(
@@ -525,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--synthetic-chunks",
-        type=int,
+        type=positive(int),
         default=None,
         help=f"generate at most this many synthetic chunks of {CHUNK} requests, replay the "
         "rest from them (default: generate them all)",
@@ -536,7 +550,9 @@ def main(argv: list[str] | None = None) -> int:
         help="with --keep: complete the run already there to --requests (replaying "
         "the synthetic chunks written) and measure it",
     )
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="the JSON figures to write (%(default)s)"
+    )
     args = ap.parse_args(argv)
     from tracedpush.analysis.index import LIVE_REANALYSE
 

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from tracedpush.bench.argtypes import positive
 from tracedpush.bench.sweep import (
     MODES,
     PROFILES,
@@ -50,19 +51,6 @@ def _modes(text: str) -> tuple[str, ...]:
     return modes
 
 
-def _positive(kind: type) -> object:
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from exc
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-        return value
-
-    return parse
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
     p = sub.add_parser(
@@ -91,16 +79,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--input-len", type=_ints, help="prompt lengths in tokens, e.g. 1024,4096")
     p.add_argument("--output-len", type=int, help="output tokens per request (EOS ignored)")
     count = p.add_mutually_exclusive_group()
-    count.add_argument("--num-prompts", type=_positive(int), help="requests per cell")
+    count.add_argument("--num-prompts", type=positive(int), help="requests per cell")
     count.add_argument(
         "--duration",
-        type=_positive(float),
+        type=positive(float),
         help="seconds of arrivals per cell: each cell sends ceil(qps x duration) requests",
     )
     p.add_argument("--modes", type=_modes, default=",".join(MODES), help="push,pull or one of them")
     p.add_argument(
         "--passes",
-        type=_positive(int),
+        type=positive(int),
         default=1,
         help="2 runs every cell twice in ABBA order (push, pull, pull, push), each pass on "
         "fresh engines; report --bench and the console pool a cell's passes",
