@@ -181,6 +181,14 @@ def _git(*args: str) -> str:
     ).stdout.strip()
 
 
+def _is_commit(rev: str) -> bool:
+    got = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+        capture_output=True,
+    )
+    return got.returncode == 0
+
+
 def _checkout(name: str, rev: str, tmp: Path) -> Side:
     """`rev` checked out under `tmp` (the working tree itself for ``.``)."""
     work = tmp / name
@@ -357,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.calls < 1:
         ap.error("--rounds and --calls must be at least 1")
+    for flag, rev in (("--a", args.a), ("--b", args.b)):  # before any checkout or build
+        if rev != WORKING_TREE and not _is_commit(rev):
+            ap.error(f"{flag} {rev}: not a commit of {REPO} (git rev-parse, git log)")
     stages = args.stage or ["warm", "json", "compare"]
     with tempfile.TemporaryDirectory(prefix="tracedpush-abba-") as tmp_s:
         tmp = Path(tmp_s)

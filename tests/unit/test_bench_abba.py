@@ -112,3 +112,16 @@ def test_live_stage_follows_the_same_appends_from_the_same_state(
     first = got["a"]["runs"]["live"][0]["updates"][0]
     assert f"+{first['new_spans']} spans, {first['reanalysed']} analysed again" in printed
     assert live["a_pause_s"] > 0 and "pause" in printed
+
+
+def test_a_revision_that_is_not_a_commit_stops_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A mistyped or unfetched revision is named at once (it used to end in a git
+    traceback from the worktree it could not add)."""
+    out = tmp_path / "abba.json"
+    with pytest.raises(SystemExit) as stop:
+        bench_abba.main(["--a", "no-such-rev-0000", "--traces", str(tmp_path), "--out", str(out)])
+    assert stop.value.code == 2
+    assert "--a no-such-rev-0000: not a commit of" in capsys.readouterr().err
+    assert not out.exists()
