@@ -182,11 +182,11 @@ def _git(*args: str) -> str:
 
 
 def _is_commit(rev: str) -> bool:
-    got = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
-        capture_output=True,
-    )
-    return got.returncode == 0
+    try:
+        _git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    except subprocess.CalledProcessError:
+        return False
+    return True
 
 
 def _checkout(name: str, rev: str, tmp: Path) -> Side:
