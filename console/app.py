@@ -30,6 +30,9 @@ def sidebar() -> None:
     with st.sidebar:
         st.caption("Traces")
         st.markdown(f"`{source.label}`")
+        if source.index_dir:
+            st.caption("Analysis index")
+            st.markdown(f"`{source.index_dir}`")
         results = ui.current_bench()
         if results:
             st.caption("Benchmark results (Sweep)")
@@ -52,7 +55,10 @@ def sidebar() -> None:
                 placeholder="traces/ or http://localhost:16686",
             )
             if st.button("Open") and typed.strip():
-                st.session_state[ui.SOURCE_KEY] = Source.parse(typed)
+                chosen = Source.parse(typed)
+                if chosen.trace_paths == source.trace_paths:  # the same: its index dir too
+                    chosen = source
+                st.session_state[ui.SOURCE_KEY] = chosen
                 st.session_state.pop(ui.REQUEST_KEY, None)
                 st.rerun()
 

@@ -60,6 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the traces are PATH/traces",
     )
     parser.add_argument(
+        "--index-dir",
+        metavar="DIR",
+        help="trace files: keep their analysis index here (default: .tracedpush-index/ in "
+        "the first traces directory; env TRACEDPUSH_INDEX_DIR). Use it when that directory "
+        "is read-only, or to reuse the index of `tracedpush report --index-dir DIR`",
+    )
+    parser.add_argument(
         "--service",
         default=None,
         help="Jaeger service to search (default: the proxy services Jaeger knows)",
@@ -117,6 +124,8 @@ def app_arguments(args: argparse.Namespace) -> list[str]:
             out += ["--service", args.service]
     if getattr(args, "bench", None):
         out += ["--bench", _absolute(args.bench)]
+    if getattr(args, "index_dir", None):
+        out += ["--index-dir", _absolute(args.index_dir)]
     return out
 
 
@@ -167,6 +176,9 @@ def run(args: argparse.Namespace) -> int:
             "tracedpush console: give a source: --traces DIR, --jaeger URL or --bench PATH",
             file=sys.stderr,
         )
+        raise SystemExit(2)
+    if args.jaeger and args.index_dir:
+        print("tracedpush console: --index-dir is for trace files, not --jaeger", file=sys.stderr)
         raise SystemExit(2)
     for path in [*(args.traces or ()), *([args.bench] if args.bench else [])]:
         if not Path(path).expanduser().exists():

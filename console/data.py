@@ -85,6 +85,9 @@ class Snapshot:
     # requests whose result was still made with the clock offsets before their last
     # move (`AnalysisIndex.behind`: refreshes catch up `REANALYSE_PER_REFRESH` at a time)
     behind: int = 0
+    # trace files read without an analysis index, as it could not be opened: why, and
+    # what to do (each load and refresh then reads and analyses every span again)
+    index_unavailable: str = ""
 
     @cached_property
     def _full(self) -> dict[str, Any]:
@@ -474,6 +477,17 @@ def _open_store(source: Source) -> Any:
     return analysis.TraceStore.from_jaeger(source.location, **kwargs)
 
 
+def _no_index(source: Source, exc: Exception) -> str:
+    """What a page says when trace files are read without their analysis index."""
+    where = source.index_dir or str(index_mod.default_dir(source.trace_paths))
+    return (
+        f"No analysis index: it cannot be kept at `{where}` ({exc}). Every load and refresh "
+        "reads and analyses every span again, in memory: slow, and memory-hungry, for a "
+        "big run. Start the console with `--index-dir DIR` (or `TRACEDPUSH_INDEX_DIR=DIR`) "
+        "naming a directory it can write."
+    )
+
+
 def _describe(source: Source, exc: Exception) -> SourceError:
     if source.kind == "jaeger":
         return SourceError(
@@ -503,6 +517,7 @@ class Feed:
         self.last_refresh = 0.0  # time.time() of the last successful refresh
         self.last_new = 0  # spans the last refresh brought
         self.last_error: SourceError | None = None
+        self.index_unavailable = ""  # trace files read without an index: why, and what to do
 
     def _analyse(self) -> Snapshot:
         started = time.perf_counter()
@@ -511,7 +526,13 @@ class Feed:
         if idx is None:
             run = analysis.analyze(self._store)
             self.analysis_seconds = time.perf_counter() - started
-            return Snapshot(self.source, self._generation, run, self._store.stats)
+            return Snapshot(
+                self.source,
+                self._generation,
+                run,
+                self._store.stats,
+                index_unavailable=self.index_unavailable,
+            )
         run = idx.run
         return Snapshot(
             self.source,
@@ -540,9 +561,12 @@ class Feed:
                 try:
                     # no forked build workers inside Streamlit's threaded server: a
                     # big run's cold build runs in a process of its own (`index_child`)
-                    idx = index_mod.AnalysisIndex(paths, threads=True, parallel=False)
+                    where = self.source.index_dir
+                    idx = index_mod.AnalysisIndex(
+                        paths, index_dir=where, threads=True, parallel=False
+                    )
                     if idx.needs_build() and idx.parallel_pays():
-                        failed = index_child.build(paths)
+                        failed = index_child.build(paths, index_dir=where)
                         if failed:
                             log.warning("%s; building it in this process", failed)
                     started = time.perf_counter()
@@ -552,6 +576,7 @@ class Feed:
                     return
                 except (OSError, sqlite3.Error) as exc:
                     log.warning("no analysis index for %s (%s)", self.source.label, exc)
+                    self.index_unavailable = _no_index(self.source, exc)
         self._store = _open_store(self.source)
 
     def snapshot(self) -> Snapshot:

@@ -6,6 +6,11 @@ scripts configure it without a command line); the sidebar can switch it at run t
 Several ``--traces`` (or ``TRACEDPUSH_TRACES=A:B``, separated like PATH) are read as one
 store: e.g. the engines' traces_dir and the proxy's, when they differ.
 
+``--index-dir DIR`` (``TRACEDPUSH_INDEX_DIR``) keeps the analysis index of trace files
+there instead of beside them (`AnalysisIndex`'s ``index_dir``, `tracedpush report
+--index-dir`): for traces in a directory this user cannot write, where the console would
+otherwise read every span into memory at each load.
+
 ``--bench PATH`` (``TRACEDPUSH_BENCH``) names benchmark results for the Sweep page: a
 ``tracedpush bench sweep`` directory or one result file. A sweep keeps its traces beside
 its results (``<sweep>/traces``), so with ``--bench`` and no other source that is the
@@ -25,6 +30,7 @@ ENV_JAEGER = "TRACEDPUSH_JAEGER"
 ENV_JAEGER_SERVICE = "TRACEDPUSH_JAEGER_SERVICE"
 ENV_LOOKBACK = "TRACEDPUSH_JAEGER_LOOKBACK"
 ENV_BENCH = "TRACEDPUSH_BENCH"
+ENV_INDEX_DIR = "TRACEDPUSH_INDEX_DIR"
 BENCH_TRACES = "traces"  # where `tracedpush bench sweep` writes a sweep's traces
 DEFAULT_LOOKBACK = "1h"
 
@@ -38,14 +44,17 @@ class Source:
     service: str | None = None
     lookback: str = DEFAULT_LOOKBACK
     paths: tuple[str, ...] = ()  # several trace paths; () means just `location`
+    index_dir: str | None = None  # trace files: their analysis index (None: beside them)
 
     @classmethod
-    def traces(cls, paths: Sequence[str]) -> Source:
-        """A source of one trace path, or of several read as one store."""
-        resolved = tuple(dict.fromkeys(str(Path(p).expanduser().resolve()) for p in paths))
+    def traces(cls, paths: Sequence[str], index_dir: str | None = None) -> Source:
+        """A source of one trace path, or of several read as one store; `index_dir`: where
+        their analysis index is kept (None: the default, beside the first)."""
+        resolved = tuple(dict.fromkeys(_absolute(p) for p in paths))
+        where = _absolute(index_dir) if index_dir else None
         if len(resolved) == 1:
-            return cls("traces", resolved[0])
-        return cls("traces", ", ".join(resolved), paths=resolved)
+            return cls("traces", resolved[0], index_dir=where)
+        return cls("traces", ", ".join(resolved), paths=resolved, index_dir=where)
 
     @property
     def trace_paths(self) -> tuple[str, ...]:
@@ -71,6 +80,10 @@ class Source:
         return cls.traces([p.strip() for p in text.split(",") if p.strip()])
 
 
+def _absolute(path: str) -> str:
+    return str(Path(path).expanduser().resolve())
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False, exit_on_error=False, allow_abbrev=False)
     p.add_argument("--traces", action="append")
@@ -78,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--service")
     p.add_argument("--lookback")
     p.add_argument("--bench")
+    p.add_argument("--index-dir")
     return p
 
 
@@ -85,7 +99,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     try:
         ns, _ = _parser().parse_known_args(list(argv))
     except argparse.ArgumentError:
-        ns = argparse.Namespace(traces=None, jaeger=None, service=None, lookback=None, bench=None)
+        ns = argparse.Namespace(
+            traces=None, jaeger=None, service=None, lookback=None, bench=None, index_dir=None
+        )
     return ns
 
 
@@ -93,7 +109,7 @@ def bench_from_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -
     """The benchmark results to show (absolute path), from ``--bench`` or ``TRACEDPUSH_BENCH``."""
     env = os.environ if env is None else env
     path = _parse(argv).bench or env.get(ENV_BENCH)
-    return str(Path(path).expanduser().resolve()) if path else None
+    return _absolute(path) if path else None
 
 
 def bench_traces(bench: str | None) -> str | None:
@@ -112,15 +128,16 @@ def from_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Sour
     ns = _parse(argv)
     lookback = ns.lookback or env.get(ENV_LOOKBACK) or DEFAULT_LOOKBACK
     service = ns.service or env.get(ENV_JAEGER_SERVICE) or None
+    index_dir = ns.index_dir or env.get(ENV_INDEX_DIR) or None
     if ns.traces:
-        return Source.traces(ns.traces)
+        return Source.traces(ns.traces, index_dir)
     if ns.jaeger:
         return Source("jaeger", ns.jaeger.rstrip("/"), service, lookback)
     if env.get(ENV_TRACES):
-        return Source.traces([p for p in env[ENV_TRACES].split(os.pathsep) if p])
+        return Source.traces([p for p in env[ENV_TRACES].split(os.pathsep) if p], index_dir)
     if env.get(ENV_JAEGER):
         return Source("jaeger", env[ENV_JAEGER].rstrip("/"), service, lookback)
     beside = bench_traces(bench_from_args(argv, env))
     if beside is not None:
-        return Source.traces([beside])
+        return Source.traces([beside], index_dir)
     return Source("none")

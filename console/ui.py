@@ -99,6 +99,8 @@ def no_requests(snap: data.Snapshot) -> None:
 
 def load_notes(snap: data.Snapshot) -> None:
     """Half-written or malformed input: say so once, quietly, without stopping."""
+    if snap.index_unavailable:
+        st.warning(snap.index_unavailable)
     stats = snap.stats
     if stats is None:
         return

@@ -18,7 +18,7 @@ from streamlit.testing.v1 import AppTest
 
 from tracedpush.analysis import RequestAnalysis, RunAnalysis, TraceStore, analyze
 from tracedpush.analysis.bench_results import OURS, REQUEST_IDS, SWEEP_MANIFEST, cell_filename
-from tracedpush.console.source import ENV_JAEGER, ENV_TRACES
+from tracedpush.console.source import ENV_INDEX_DIR, ENV_JAEGER, ENV_TRACES
 from tracedpush.testing import browser
 from tracedpush.testing.synthetic import SyntheticRun, generate
 from tracedpush.testing.synthetic.ranks import add_prefill_rank
@@ -65,8 +65,9 @@ AppFactory = Callable[..., AppTest]
 
 @pytest.fixture
 def app(monkeypatch: pytest.MonkeyPatch) -> Iterator[AppFactory]:
-    """``app(traces=DIR | jaeger=URL, page="views/x.py", query={...})`` -> an AppTest that
-    has run that page (the console reads its source from the environment here)."""
+    """``app(traces=DIR | jaeger=URL, page="views/x.py", query={...}, index_dir=DIR)`` ->
+    an AppTest that has run that page (the console reads its source from the environment
+    here)."""
 
     def make(
         *,
@@ -74,11 +75,15 @@ def app(monkeypatch: pytest.MonkeyPatch) -> Iterator[AppFactory]:
         jaeger: str | None = None,
         page: str | None = None,
         query: dict[str, str] | None = None,
+        index_dir: str | Path | None = None,
     ) -> AppTest:
         monkeypatch.delenv(ENV_TRACES, raising=False)
         monkeypatch.delenv(ENV_JAEGER, raising=False)
+        monkeypatch.delenv(ENV_INDEX_DIR, raising=False)
         if traces is not None:
             monkeypatch.setenv(ENV_TRACES, str(traces))
+        if index_dir is not None:
+            monkeypatch.setenv(ENV_INDEX_DIR, str(index_dir))
         if jaeger is not None:
             monkeypatch.setenv(ENV_JAEGER, jaeger)
         at = AppTest.from_file(str(APP), default_timeout=120)

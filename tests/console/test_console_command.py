@@ -67,6 +67,30 @@ def test_source_from_args_and_environment(tmp_path):
     assert Source.parse(str(tmp_path)).location == str(tmp_path)
 
 
+def test_index_dir_reaches_the_app(tmp_path, captured_streamlit, capsys):
+    """`tracedpush console --traces DIR --index-dir IDX` (or TRACEDPUSH_INDEX_DIR): the
+    app's source keeps its index there. With
+    --jaeger the flag is refused, naming it."""
+    seen = captured_streamlit
+    traces, idx = tmp_path / "traces", tmp_path / "idx"
+    assert cli_main(["console", "--traces", str(traces), "--index-dir", str(idx)]) == 0
+    app_args = seen["cmd"][seen["cmd"].index("--") + 1 :]
+    assert app_args == ["--traces", str(traces), "--index-dir", str(idx)]
+    source = from_args(app_args, env={})
+    assert source == Source.traces([str(traces)], index_dir=str(idx))
+    assert source.index_dir == str(idx) and source != Source.traces([str(traces)])
+    by_env = from_args(["--traces", str(traces)], env={"TRACEDPUSH_INDEX_DIR": str(idx)})
+    assert by_env == source
+    assert (
+        from_args([], env={"TRACEDPUSH_TRACES": str(traces), "TRACEDPUSH_INDEX_DIR": str(idx)})
+        == source
+    )
+    with pytest.raises(SystemExit) as stop:
+        cli_main(["console", "--jaeger", "http://j:16686", "--index-dir", str(idx)])
+    assert stop.value.code == 2
+    assert "--index-dir is for trace files" in capsys.readouterr().err
+
+
 def test_console_imports_neither_vllm_nor_nixl():
     code = (
         "import sys\n"

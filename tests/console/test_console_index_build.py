@@ -49,6 +49,21 @@ def test_a_big_cold_run_is_built_by_a_child_and_opened_warm(
     assert built == [None]
 
 
+def test_the_child_builds_where_the_source_keeps_its_index(
+    traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--index-dir`: the child builds the index there, and the console opens it warm;
+    nothing is written beside the traces."""
+    monkeypatch.setattr(index_mod, "PARALLEL_BYTES", 0)
+    where = tmp_path / "elsewhere"
+    feed = data.Feed(Source.traces([str(traces)], index_dir=str(where)))
+    got = list(feed.snapshot().run.requests)
+    assert feed._index.dir == where and not feed._index.rebuilt  # the child's, warm
+    assert (where / "index.sqlite").is_file()
+    assert not (traces / index_mod.INDEX_DIRNAME).exists()
+    assert got == list(analyze(TraceStore.from_paths([traces]), spans=False).requests)
+
+
 def test_a_small_run_is_built_in_the_console_itself(
     traces: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -261,7 +261,11 @@ def _index(args: argparse.Namespace, kwargs: dict) -> AnalysisIndex | None:
         )
         idx.stats  # noqa: B018  (opens it: an unwritable place fails here, not later)
     except (OSError, sqlite3.Error) as exc:
-        _error(f"analysis index unavailable ({exc}); reading without it", 0)
+        _error(
+            f"analysis index unavailable ({exc}); reading without it (--index-dir DIR keeps "
+            "it in a directory you can write)",
+            0,
+        )
         return None
     return idx
 
@@ -344,7 +348,11 @@ def run(args: argparse.Namespace) -> int:
         try:
             result = _update(idx)
         except sqlite3.Error as exc:  # e.g. another report holds it: do without
-            _error(f"analysis index unavailable ({exc}); reading without it", 0)
+            _error(
+                f"analysis index unavailable ({exc}); reading without it (--index-dir DIR keeps "
+                "it in a directory you can write)",
+                0,
+            )
             idx.close()
             idx = None
     if isinstance(idx, AnalysisIndex):

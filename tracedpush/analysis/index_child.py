@@ -26,11 +26,12 @@ from pathlib import Path
 from tracedpush.parent_death import end_with_parent
 
 
-def build(paths: Sequence[Path]) -> str | None:
-    """Build the index of `paths` (at its default place, with the default options, a
-    worker per core) in a child process; None when it did, else why not (the child's
-    last words)."""
-    argv = [sys.executable, "-m", __name__, "--parallel", "--", *map(str, paths)]
+def build(paths: Sequence[Path], index_dir: str | Path | None = None) -> str | None:
+    """Build the index of `paths` (in `index_dir`, else at its default place, with the
+    default options, a worker per core) in a child process; None when it did, else why
+    not (the child's last words)."""
+    where = ["--index-dir", str(index_dir)] if index_dir is not None else []
+    argv = [sys.executable, "-m", __name__, "--parallel", *where, "--", *map(str, paths)]
     try:
         done = subprocess.run(
             argv,
@@ -65,12 +66,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Build the analysis index of trace paths (what the console runs).",
     )
     ap.add_argument("--parallel", action="store_true", help="a build worker per core")
+    ap.add_argument("--index-dir", type=Path, help="where the index is (default: beside them)")
     ap.add_argument("paths", nargs="+", type=Path, help="trace files or directories")
     args = ap.parse_args(argv)
     _die_with_parent()
     from tracedpush.analysis.index import AnalysisIndex  # the signal is set up
 
-    idx = AnalysisIndex(args.paths, parallel=True if args.parallel else None)
+    idx = AnalysisIndex(
+        args.paths, index_dir=args.index_dir, parallel=True if args.parallel else None
+    )
     try:
         idx.update()
     finally:
