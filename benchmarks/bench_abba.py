@@ -15,6 +15,16 @@ whose code may change while this runs (``.`` sees edits in progress). The stages
   measurement the mean of its ``--calls`` calls);
 * ``cold``: ``tracedpush report --index`` building the index from nothing (the index
   is deleted before each measurement);
+* ``console``: the console's server-side work, in a process that opens the side's warm
+  index as ``tracedpush console --index-dir`` does (``load_s``, not in the figure), runs
+  its warm-up (``derived.warm``, ``warm_s``), one page untimed (imports), then each
+  page's first script run for a new session (Streamlit's AppTest: every figure built and
+  serialised, as bench_console.py's AppTest rows); the figure is the pages' sum, each
+  page's time is kept (``pages_s``) and printed. What the pages show (their texts, with
+  what the Live page says of now, its time of refresh and how long ago the newest
+  request came, and the side's index directory masked; each table's rows and each
+  chart's traces, counted) is the output compared. Needs a side whose console
+  takes ``--index-dir`` (from 2026-12-05); no browser (bench_console.py times Chromium);
 * ``live``: a Live refresh, the console's: a process opens a warm index of the run
   and an empty directory beside it, then appends three slices of a later synthetic run
   (+60, +240, +2,040 requests, with their engine steps) to that directory and times
@@ -34,6 +44,7 @@ something else says so. Printed and written to docs/benchmarks/abba.json (``--ou
     python benchmarks/bench_abba.py --a HEAD --b .                   # 10,000 synthetic requests
     python benchmarks/bench_abba.py --a main~2 --b main --traces /tmp/run200k --stage compare
     python benchmarks/bench_abba.py --a main~1 --b main --traces /tmp/run200k --stage live
+    python benchmarks/bench_abba.py --a main~1 --b . --traces /tmp/run200k --stage console
 """
 
 from __future__ import annotations
@@ -52,24 +63,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench_console import _write_traces  # a synthetic run, as the console bench writes it
+from bench_console import PAGES, _write_traces  # the console bench's pages and run
 from bench_report import _REPORT, _calibration_s, _end_s, _sliced, measure
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "docs" / "benchmarks" / "abba.json"
-STAGES = ("warm", "json", "compare", "cold", "live")
+STAGES = ("warm", "json", "compare", "cold", "live", "console")
+_WARM_INDEX = ("warm", "json", "compare", "console")  # stages on the side's warm index
 LIVE_SLICES = (60, 240, 2_040)  # requests per append of the ``live`` stage
 WORKING_TREE = "."
 
 # Run a checkout's own tracedpush: first on the path, and without the editable install's
-# finder (it maps tracedpush.console to this repository's console/, whatever the checkout).
-_AT = """import sys
+# finder (it maps tracedpush.console to this repository's console/, whatever the checkout);
+# the checkout's console/ is its tracedpush.console (pyproject's package-dir mapping).
+_AT = """import importlib.util, sys
 code = sys.argv.pop(1)
 sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in str(getattr(f, "__module__", ""))]
 sys.path.insert(0, code)
 import tracedpush
 if not tracedpush.__file__.startswith(code):
     sys.exit(f"tracedpush imported from {tracedpush.__file__}, not from {code}")
+_spec = importlib.util.spec_from_file_location(
+    "tracedpush.console", f"{code}/console/__init__.py",
+    submodule_search_locations=[f"{code}/console"])
+sys.modules["tracedpush.console"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sys.modules["tracedpush.console"])
 """
 
 # `compare()` alone on a warm index: argv traces, index dir, output file, calls
@@ -85,6 +103,53 @@ for _ in range(calls):
     took.append(time.perf_counter() - t0)
 with open(out, "w") as fh:
     json.dump(got.to_json(), fh, sort_keys=True)
+"""
+
+# The ``console`` stage in a side's process: argv traces, index dir, output file, pages
+# (JSON: name -> AppTest page path or null for the first page). The app reads its source
+# from sys.argv, as `tracedpush console --traces DIR --index-dir DIR` passes it.
+_CONSOLE = """import json, re, sys, time
+from pathlib import Path
+traces, index_dir, out, pages = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+index_dir = str(Path(index_dir).resolve())  # as the app shows it
+sys.argv = ["app.py", "--traces", traces, "--index-dir", index_dir]
+from tracedpush.console import data, derived
+from tracedpush.console.source import Source, from_args
+if "index_dir" not in Source.__dataclass_fields__:
+    sys.exit("this revision's console takes no --index-dir: the console stage needs it")
+from streamlit.testing.v1 import AppTest
+app = str(Path(data.__file__).with_name("app.py"))
+t0 = time.perf_counter()
+snap = data.feed(from_args(sys.argv[1:])).snapshot()
+load = time.perf_counter() - t0
+t0 = time.perf_counter()
+derived.warm(snap)
+warm = time.perf_counter() - t0
+AppTest.from_file(app, default_timeout=600).run()  # imports: no page pays them
+def mask(text):  # the Live page's "now" is the clock's, the index dir the side's
+    text = re.sub(r"refreshed \\d\\d:\\d\\d:\\d\\d", "refreshed HH:MM:SS", text)
+    return re.sub(r"[\\d,.]+ (min|s|h) ago", r"N \\1 ago", text.replace(index_dir, "INDEX_DIR"))
+def shown(at):
+    texts = [mask(str(e.value)) for kind in ("title", "header", "subheader", "markdown",
+             "caption", "info", "warning", "error", "metric") for e in at.get(kind)]
+    charts = [len(json.loads(e.proto.spec)["data"]) for e in at.get("plotly_chart")]
+    rows = [len(e.value) for e in at.get("dataframe")]
+    return {"texts": texts, "chart_traces": charts, "table_rows": rows}
+pages_s, what = {}, {}
+for name, page in pages.items():
+    at = AppTest.from_file(app, default_timeout=600)
+    if page is not None:
+        at.run()  # st.navigation needs one run before switching pages
+        at.switch_page(page)
+    t0 = time.perf_counter()
+    at.run()
+    pages_s[name] = time.perf_counter() - t0
+    if at.exception:
+        sys.exit(f"{name}: {at.exception[0].value}")
+    what[name] = shown(at)
+with open(out, "w") as fh:
+    json.dump(what, fh, sort_keys=True)
+took = {"load_s": load, "warm_s": warm, "pages_s": pages_s}
 """
 
 # The end of a script that timed calls inside its process (`took`): the times beside
@@ -198,8 +263,6 @@ def _checkout(name: str, rev: str, tmp: Path) -> Side:
         return Side(name, rev, REPO, work, _git("rev-parse", "HEAD") + dirty)
     code = tmp / f"code-{name}"
     _git("worktree", "add", "--detach", str(code), rev)
-    # the console ships as tracedpush.console but lives in console/ (pyproject package-dir)
-    (code / "tracedpush" / "console").symlink_to("../console")
     return Side(name, rev, code, work, _git("rev-parse", f"{rev}^{{commit}}"))
 
 
@@ -230,6 +293,10 @@ def _prepare_live(sides: list[Side], traces: Path, tmp: Path) -> Live:
 
 
 def _command(side: Side, stage: str, traces: Path, out: Path, calls: int) -> list[str]:
+    if stage == "console":
+        pages = json.dumps({name: page for name, (page, _url, _charts) in PAGES.items()})
+        args = [str(traces), str(side.index_dir), str(out), pages]
+        return [sys.executable, "-c", _AT + _CONSOLE + _TOOK, str(side.code), *args]
     if stage == "compare":
         args = [str(traces), str(side.index_dir), str(out), str(calls)]
         return [sys.executable, "-c", _AT + _COMPARE + _TOOK, str(side.code), *args]
@@ -256,9 +323,15 @@ def _once(
     else:
         cmd = _command(side, stage, traces, out, calls)
     got = measure(cmd)
-    took = json.loads(Path(f"{out}.took").read_text()) if stage in ("compare", "live") else []
+    timed = ("compare", "live", "console")  # timed inside the process
+    took = json.loads(Path(f"{out}.took").read_text()) if stage in timed else []
     if stage == "compare":  # the calls alone, not opening the index
         got = {"wall_s": round(statistics.fmean(took), 6), "process": got}
+    elif stage == "console":  # the pages' script runs, not opening the index
+        pages = {k: round(v, 4) for k, v in took["pages_s"].items()}
+        got = {"wall_s": round(sum(pages.values()), 4), "pages_s": pages,
+               "load_s": round(took["load_s"], 3), "warm_s": round(took["warm_s"], 3),
+               "process": got}  # fmt: skip
     elif stage == "live":  # the updates after the appends, not opening the index
         requests = json.loads(out.read_text())["requests"]  # the run after the appends
         did = json.loads(Path(f"{out}.did").read_text())
@@ -302,11 +375,25 @@ def _stage(
         a_p, b_p = (statistics.fmean(r["pause_s"] for r in s.runs[stage]) for s in sides)
         result |= {"a_pause_s": round(a_p, 3), "b_pause_s": round(b_p, 3)}
         result["pause_ratio_b_over_a"] = round(b_p / a_p, 3) if a_p else None
-    if stage not in ("compare", "live"):  # those time calls inside the process
+    if stage == "console":  # each page, and the warm-up before any visit
+        for key in ("warm_s", *(f"pages_s.{p}" for p in PAGES)):
+            a_k, b_k = (statistics.fmean(_at(r, key) for r in s.runs[stage]) for s in sides)
+            result.setdefault("parts", {})[key] = {
+                "a_s": round(a_k, 3), "b_s": round(b_k, 3),
+                "ratio_b_over_a": round(b_k / a_k, 3) if a_k else None}  # fmt: skip
+    if stage not in ("compare", "live", "console"):  # those time calls inside the process
         a_cpu, b_cpu = (statistics.fmean(r["cpu_s"] for r in s.runs[stage]) for s in sides)
         result |= {"a_cpu_s": round(a_cpu, 2), "b_cpu_s": round(b_cpu, 2)}
         result["cpu_ratio_b_over_a"] = round(b_cpu / a_cpu, 3) if a_cpu else None
     return result
+
+
+def _at(run: dict[str, Any], key: str) -> float:
+    """``run[a][b]`` for ``key`` "a.b" (``run[key]`` for one without a dot)."""
+    got: Any = run
+    for part in key.split("."):
+        got = got[part]
+    return float(got)
 
 
 def _table(result: dict[str, Any]) -> str:
@@ -324,6 +411,11 @@ def _table(result: dict[str, Any]) -> str:
         lines.append(
             f"{'pause':8} {got['a_pause_s']:9.3f} {got['b_pause_s']:9.3f} "
             f"{got['pause_ratio_b_over_a']:6.3f}  (live: the update after, with nothing new)"
+        )
+    for key, got in result["stages"].get("console", {}).get("parts", {}).items():
+        name = key.removeprefix("pages_s.")
+        lines.append(
+            f"  {name:8} {got['a_s']:7.3f} {got['b_s']:9.3f} {got['ratio_b_over_a'] or 0:6.3f}"
         )
     for side in ("a", "b") if "live" in result["stages"] else ():
         lines.append(
@@ -384,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
                 sides.append(_checkout(name, rev, tmp))
             calibration = [_calibration_s()]
             live = _prepare_live(sides, traces, tmp) if "live" in stages else None
-            if any(s in ("warm", "json", "compare") for s in stages):
+            if any(s in _WARM_INDEX for s in stages):
                 for side in sides:  # the warm stages' index, built once per side
                     print(f"building {side.name}'s index", flush=True)
                     measure(_command(side, "warm", traces, side.work / "build.out", 1))

@@ -125,3 +125,28 @@ def test_a_revision_that_is_not_a_commit_stops_before_anything_runs(
     assert stop.value.code == 2
     assert "--a no-such-rev-0000: not a commit of" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_console_stage_times_each_page_on_the_sides_own_index(
+    traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``console``: each side's pages run (AppTest, a new session each) on the index it
+    built at its own --index-dir, nothing beside the traces; the figure is the pages'
+    sum, each page's time kept and printed; the same code shows the same pages."""
+    out = tmp_path / "abba.json"
+    here = bench_abba.WORKING_TREE  # HEAD may predate the console's --index-dir
+    argv = ["--a", here, "--b", here, "--traces", str(traces), "--out", str(out)]
+    assert bench_abba.main([*argv, "--stage", "console"]) == 0
+    got = json.loads(out.read_text())
+    console = got["stages"]["console"]
+    assert console["same_output"]
+    pages = list(bench_abba.PAGES)
+    for side in ("a", "b"):
+        for r in got[side]["runs"]["console"]:
+            assert list(r["pages_s"]) == pages and all(t > 0 for t in r["pages_s"].values())
+            assert r["wall_s"] == pytest.approx(sum(r["pages_s"].values()), abs=1e-3)
+            assert r["wall_s"] < r["process"]["wall_s"] and r["load_s"] > 0
+    assert list(console["parts"]) == ["warm_s", *(f"pages_s.{p}" for p in pages)]
+    assert not (traces / ".tracedpush-index").exists()  # each side's own --index-dir
+    printed = capsys.readouterr().out
+    assert all(f"  {p:8} " in printed for p in pages)
