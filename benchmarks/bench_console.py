@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tracedpush.bench.argtypes import positive
+from tracedpush.envs import INDEX_ROOT
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "console" / "app.py"
@@ -246,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT, help="where the figures go (%(default)s)")
     parser.add_argument("--traces", type=Path, help="measure this traces directory instead")
     args = parser.parse_args(argv)
+    # the run's index is beside it, where the server finds it (its first load builds it
+    # there): TRACEDPUSH_INDEX_ROOT from the shell would move it
+    os.environ.pop(INDEX_ROOT, None)
     sys.path.insert(0, str(REPO))
 
     with tempfile.TemporaryDirectory(prefix="tracedpush-bench-console-") as tmp:

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from tracedpush.bench.argtypes import positive
+from tracedpush.envs import INDEX_ROOT
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "docs" / "benchmarks" / "report.json"
@@ -554,6 +555,9 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=DEFAULT_OUT, help="the JSON figures to write (%(default)s)"
     )
     args = ap.parse_args(argv)
+    # the run's index is beside it, where the stages find (and the cold ones delete) it:
+    # TRACEDPUSH_INDEX_ROOT from the shell would move it, and a cold stage would be warm
+    os.environ.pop(INDEX_ROOT, None)
     from tracedpush.analysis.index import LIVE_REANALYSE
 
     tmp = None

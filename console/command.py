@@ -63,8 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--index-dir",
         metavar="DIR",
         help="trace files: keep their analysis index here (default: .tracedpush-index/ in "
-        "the first traces directory; env TRACEDPUSH_INDEX_DIR). Use it when that directory "
-        "is read-only, or to reuse the index of `tracedpush report --index-dir DIR`",
+        "the first traces directory, or a directory per set of traces under "
+        "$TRACEDPUSH_INDEX_ROOT when that is set). Use it when that directory is read-only, "
+        "or to open the index of `tracedpush report --index-dir DIR`",
     )
     parser.add_argument(
         "--service",

@@ -483,8 +483,8 @@ def _no_index(source: Source, exc: Exception) -> str:
     return (
         f"No analysis index: it cannot be kept at `{where}` ({exc}). Every load and refresh "
         "reads and analyses every span again, in memory: slow, and memory-hungry, for a "
-        "big run. Start the console with `--index-dir DIR` (or `TRACEDPUSH_INDEX_DIR=DIR`) "
-        "naming a directory it can write."
+        "big run. Start the console with `--index-dir DIR` naming a directory it can write, "
+        "or set `TRACEDPUSH_INDEX_ROOT=DIR` to keep every run's index under one."
     )
 
 

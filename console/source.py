@@ -6,10 +6,11 @@ scripts configure it without a command line); the sidebar can switch it at run t
 Several ``--traces`` (or ``TRACEDPUSH_TRACES=A:B``, separated like PATH) are read as one
 store: e.g. the engines' traces_dir and the proxy's, when they differ.
 
-``--index-dir DIR`` (``TRACEDPUSH_INDEX_DIR``) keeps the analysis index of trace files
-there instead of beside them (`AnalysisIndex`'s ``index_dir``, `tracedpush report
---index-dir`): for traces in a directory this user cannot write, where the console would
-otherwise read every span into memory at each load.
+``--index-dir DIR`` keeps the analysis index of trace files there instead of beside them
+(`AnalysisIndex`'s ``index_dir``, `tracedpush report --index-dir`); without it,
+``TRACEDPUSH_INDEX_ROOT`` moves every run's index under one directory
+(`analysis.index.default_dir`). For traces in a directory this user cannot write, where
+the console would otherwise read every span into memory at each load.
 
 ``--bench PATH`` (``TRACEDPUSH_BENCH``) names benchmark results for the Sweep page: a
 ``tracedpush bench sweep`` directory or one result file. A sweep keeps its traces beside
@@ -30,7 +31,6 @@ ENV_JAEGER = "TRACEDPUSH_JAEGER"
 ENV_JAEGER_SERVICE = "TRACEDPUSH_JAEGER_SERVICE"
 ENV_LOOKBACK = "TRACEDPUSH_JAEGER_LOOKBACK"
 ENV_BENCH = "TRACEDPUSH_BENCH"
-ENV_INDEX_DIR = "TRACEDPUSH_INDEX_DIR"
 BENCH_TRACES = "traces"  # where `tracedpush bench sweep` writes a sweep's traces
 DEFAULT_LOOKBACK = "1h"
 
@@ -128,7 +128,7 @@ def from_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Sour
     ns = _parse(argv)
     lookback = ns.lookback or env.get(ENV_LOOKBACK) or DEFAULT_LOOKBACK
     service = ns.service or env.get(ENV_JAEGER_SERVICE) or None
-    index_dir = ns.index_dir or env.get(ENV_INDEX_DIR) or None
+    index_dir = ns.index_dir or None
     if ns.traces:
         return Source.traces(ns.traces, index_dir)
     if ns.jaeger:

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import pytest
 
+from tracedpush import envs
 from tracedpush.testing.figures import Figures
 
 PD_MODES = ("push", "pull")
@@ -120,3 +121,10 @@ def figures(request: pytest.FixtureRequest) -> Iterator[Figures]:
     )
     yield recorder
     recorder.write(run_outcome(request.node))
+
+
+@pytest.fixture(autouse=True)
+def _no_index_dir_from_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A TRACEDPUSH_INDEX_ROOT in the shell that runs the tests would move every report's
+    and console's analysis index (tests that want one set it themselves)."""
+    monkeypatch.delenv(envs.INDEX_ROOT, raising=False)

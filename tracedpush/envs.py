@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import os
 
+# where `tracedpush report` and the console keep the analysis index of trace files when
+# no --index-dir is given: a directory per set of trace paths under this one, instead of
+# beside the traces (`analysis.index.default_dir`; as vLLM's VLLM_CACHE_ROOT)
+INDEX_ROOT = "TRACEDPUSH_INDEX_ROOT"
+
 _FALSE = ("0", "false", "no", "off")
 _TRUE = ("1", "true", "yes", "on")
 

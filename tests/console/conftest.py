@@ -18,7 +18,8 @@ from streamlit.testing.v1 import AppTest
 
 from tracedpush.analysis import RequestAnalysis, RunAnalysis, TraceStore, analyze
 from tracedpush.analysis.bench_results import OURS, REQUEST_IDS, SWEEP_MANIFEST, cell_filename
-from tracedpush.console.source import ENV_INDEX_DIR, ENV_JAEGER, ENV_TRACES
+from tracedpush.console.source import ENV_JAEGER, ENV_TRACES
+from tracedpush.envs import INDEX_ROOT
 from tracedpush.testing import browser
 from tracedpush.testing.synthetic import SyntheticRun, generate
 from tracedpush.testing.synthetic.ranks import add_prefill_rank
@@ -65,7 +66,7 @@ AppFactory = Callable[..., AppTest]
 
 @pytest.fixture
 def app(monkeypatch: pytest.MonkeyPatch) -> Iterator[AppFactory]:
-    """``app(traces=DIR | jaeger=URL, page="views/x.py", query={...}, index_dir=DIR)`` ->
+    """``app(traces=DIR | jaeger=URL, page="views/x.py", query={...}, index_root=DIR)`` ->
     an AppTest that has run that page (the console reads its source from the environment
     here)."""
 
@@ -75,15 +76,15 @@ def app(monkeypatch: pytest.MonkeyPatch) -> Iterator[AppFactory]:
         jaeger: str | None = None,
         page: str | None = None,
         query: dict[str, str] | None = None,
-        index_dir: str | Path | None = None,
+        index_root: str | Path | None = None,
     ) -> AppTest:
         monkeypatch.delenv(ENV_TRACES, raising=False)
         monkeypatch.delenv(ENV_JAEGER, raising=False)
-        monkeypatch.delenv(ENV_INDEX_DIR, raising=False)
+        monkeypatch.delenv(INDEX_ROOT, raising=False)
         if traces is not None:
             monkeypatch.setenv(ENV_TRACES, str(traces))
-        if index_dir is not None:
-            monkeypatch.setenv(ENV_INDEX_DIR, str(index_dir))
+        if index_root is not None:
+            monkeypatch.setenv(INDEX_ROOT, str(index_root))
         if jaeger is not None:
             monkeypatch.setenv(ENV_JAEGER, jaeger)
         at = AppTest.from_file(str(APP), default_timeout=120)

@@ -68,9 +68,8 @@ def test_source_from_args_and_environment(tmp_path):
 
 
 def test_index_dir_reaches_the_app(tmp_path, captured_streamlit, capsys):
-    """`tracedpush console --traces DIR --index-dir IDX` (or TRACEDPUSH_INDEX_DIR): the
-    app's source keeps its index there. With
-    --jaeger the flag is refused, naming it."""
+    """`tracedpush console --traces DIR --index-dir IDX`: the app's source keeps its index
+    there. With --jaeger the flag is refused, naming it."""
     seen = captured_streamlit
     traces, idx = tmp_path / "traces", tmp_path / "idx"
     assert cli_main(["console", "--traces", str(traces), "--index-dir", str(idx)]) == 0
@@ -79,12 +78,6 @@ def test_index_dir_reaches_the_app(tmp_path, captured_streamlit, capsys):
     source = from_args(app_args, env={})
     assert source == Source.traces([str(traces)], index_dir=str(idx))
     assert source.index_dir == str(idx) and source != Source.traces([str(traces)])
-    by_env = from_args(["--traces", str(traces)], env={"TRACEDPUSH_INDEX_DIR": str(idx)})
-    assert by_env == source
-    assert (
-        from_args([], env={"TRACEDPUSH_TRACES": str(traces), "TRACEDPUSH_INDEX_DIR": str(idx)})
-        == source
-    )
     with pytest.raises(SystemExit) as stop:
         cli_main(["console", "--jaeger", "http://j:16686", "--index-dir", str(idx)])
     assert stop.value.code == 2

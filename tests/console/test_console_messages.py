@@ -123,8 +123,8 @@ def test_tuning_not_at_its_defaults_is_named(app, tmp_path, page, monkeypatch):
 def test_an_index_that_cannot_be_kept_is_said_with_the_way_out(app, tmp_path, page):
     """Traces whose analysis index cannot be kept beside them (a read-only directory; here
     a file where its directory goes, as this runs as root): every page draws the run read
-    without one and says why and what to do; with TRACEDPUSH_INDEX_DIR (`tracedpush
-    console --index-dir`) the index is kept there, and nothing is said."""
+    without one and says why and what to do; with TRACEDPUSH_INDEX_ROOT the index is kept
+    in a directory of its own under that one, and nothing is said."""
     traces = tmp_path / "traces"
     generate(20, seed=5).write(traces)
     (traces / ".tracedpush-index").write_text("in the way")
@@ -132,12 +132,17 @@ def test_an_index_that_cannot_be_kept_is_said_with_the_way_out(app, tmp_path, pa
     no_exception(at)
     text = messages(at)
     assert "No analysis index: it cannot be kept at" in text and "--index-dir DIR" in text
+    assert "TRACEDPUSH_INDEX_ROOT" in text
     if page != "views/export.py":
         assert at.get("plotly_chart")  # the run is drawn all the same
-    elsewhere = tmp_path / "index"
-    at = app(traces=traces, page=page, index_dir=elsewhere)
+    root = tmp_path / "indexes"
+    traces = tmp_path / "again" / "traces"  # a source of its own (a feed is one per source)
+    generate(20, seed=5).write(traces)
+    (traces / ".tracedpush-index").write_text("in the way")
+    at = app(traces=traces, page=page, index_root=root)
     no_exception(at)
     assert "No analysis index" not in messages(at)
-    assert (elsewhere / "index.sqlite").is_file()
+    (kept,) = root.iterdir()
+    assert kept.name.startswith("traces-") and (kept / "index.sqlite").is_file()
     if page != "views/export.py":
         assert at.get("plotly_chart")

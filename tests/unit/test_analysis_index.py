@@ -36,7 +36,7 @@ from tracedpush.analysis import (
 )
 from tracedpush.analysis import contention as contention_mod
 from tracedpush.analysis.columns import RunColumns
-from tracedpush.analysis.index import INDEX_DIRNAME, AnalysisIndex, index_run
+from tracedpush.analysis.index import INDEX_DIRNAME, AnalysisIndex, default_dir, index_run
 from tracedpush.analysis.index_live import SkewEvidence, TraceSlots
 from tracedpush.analysis.index_store import SHARDS, open_span_db, wal
 from tracedpush.analysis.report_json import write_json
@@ -324,6 +324,42 @@ def test_a_real_run(tmp_path: Path) -> None:
 
 # what `test_report_uses_the_index` writes (perfetto and --spans: the span views)
 FORMATS = ("json", "json --spans", "table", "perfetto")
+
+
+def test_index_root_keeps_each_runs_index_apart(
+    tmp_path: Path,
+    skewed: synthetic.SyntheticRun,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """TRACEDPUSH_INDEX_ROOT: each set of trace paths gets its own index under it (named
+    for the first), nothing beside the traces, and a report of one run leaves another's
+    index warm; --index-dir still wins. A directory given for other traces is built
+    again for these, and the report says why."""
+    from tracedpush.cli import main
+
+    d, other = tmp_path / "traces", tmp_path / "other"
+    skewed.write(d)
+    synthetic.generate(5, seed=8).write(other)
+    root = tmp_path / "indexes"
+    monkeypatch.setenv("TRACEDPUSH_INDEX_ROOT", str(root))
+
+    def report(traces: Path, *extra: str) -> str:
+        out = tmp_path / "out.txt"
+        assert main(["report", "--traces", str(traces), "--index", *extra, "--out", str(out)]) == 0
+        return capsys.readouterr().err
+
+    assert "building the analysis index" in report(d)
+    assert "building the analysis index" in report(other)
+    assert sorted(p.name.split("-")[0] for p in root.iterdir()) == ["other", "traces"]
+    assert default_dir([d]).parent == root and (default_dir([d]) / "index.sqlite").is_file()
+    assert not (d / INDEX_DIRNAME).exists() and not (other / INDEX_DIRNAME).exists()
+    assert "building the analysis index" not in report(d)  # still warm
+    assert default_dir([d, other]) != default_dir([d])  # a set of paths is its own run
+    given = ["--index-dir", str(tmp_path / "given")]
+    assert "building the analysis index" in report(d, *given)
+    err = report(other, *given)
+    assert f"(once; the one there was of other traces: {d.resolve()})" in err, err
 
 
 def test_report_uses_the_index(tmp_path: Path, skewed: synthetic.SyntheticRun) -> None:

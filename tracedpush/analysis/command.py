@@ -14,12 +14,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
-from tracedpush import tuning
+from tracedpush import envs, tuning
 from tracedpush.analysis.analyze import analyze
 from tracedpush.analysis.bench import join, render_bench
 from tracedpush.analysis.bench_results import BenchFormatError, BenchResult, load_results
 from tracedpush.analysis.compare import compare
-from tracedpush.analysis.index import INDEX_DIRNAME, AnalysisIndex, default_dir, parallel_pays
+from tracedpush.analysis.index import (
+    INDEX_DIRNAME,
+    NO_INDEX_YET,
+    AnalysisIndex,
+    default_dir,
+    parallel_pays,
+)
 from tracedpush.analysis.jaeger import parse_duration
 from tracedpush.analysis.load import FileSource, TraceStore
 from tracedpush.analysis.perfetto import write_perfetto
@@ -162,7 +168,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--index-dir",
         metavar="DIR",
         help=f"--traces: where the analysis index is (default: {INDEX_DIRNAME}/ in the "
-        "first traces directory; use this when that one is read-only)",
+        f"first traces directory, or a directory per set of traces under ${envs.INDEX_ROOT} "
+        "when that is set); use this when that one is read-only. A directory holds the "
+        "index of one set of trace paths: given for another, it is rebuilt for that one",
     )
     parser.add_argument(
         "--no-index",
@@ -309,10 +317,13 @@ def _write(args: argparse.Namespace, report: str | Callable[[TextIO], None], wha
 def _update(idx: AnalysisIndex) -> RunAnalysis:
     """`idx.update()`, saying so on stderr when it builds the index from nothing (a minute
     at 200,000 requests: the one slow report)."""
-    if not idx.needs_build():
+    reason = idx.build_reason()
+    if not reason:
         return idx.update()
+    why = "" if reason == NO_INDEX_YET else f"; {reason}"
     print(
-        f"tracedpush report: building the analysis index in {idx.dir} (once) ...", file=sys.stderr
+        f"tracedpush report: building the analysis index in {idx.dir} (once{why}) ...",
+        file=sys.stderr,
     )
     started = time.perf_counter()
     result = idx.update()

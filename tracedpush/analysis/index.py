@@ -53,6 +53,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from tracedpush import envs
 from tracedpush.analysis import skew, tpot
 from tracedpush.analysis import steps as steps_mod
 from tracedpush.analysis._gc import paused_gc
@@ -109,6 +110,7 @@ _FILES = {"steps": "steps.pickle", "steps_tpot": "steps-tpot.pickle", "skew": "s
 # what reading a torn or foreign index database raises (a TPOT segment of a trace no
 # kept segment has: KeyError): the index is built again
 _UNREADABLE = (sqlite3.DatabaseError, ValueError, EOFError, TypeError, KeyError)
+NO_INDEX_YET = "none there yet"  # `build_reason` of a directory without an index
 PARALLEL_BYTES = 64 << 20  # trace bytes from which a cold build uses every core
 _COMPACT_AFTER = 16  # record segments before they are merged into one
 # a Live index writes its engine steps (and their contention) when an update brings
@@ -184,8 +186,16 @@ def _code_digest() -> str:
 
 
 def default_dir(paths: Sequence[str | os.PathLike[str]]) -> Path:
-    """``.tracedpush-index/`` in the first trace directory (beside a trace file)."""
+    """``.tracedpush-index/`` in the first trace directory (beside a trace file); with
+    ``TRACEDPUSH_INDEX_ROOT`` set, a directory of its own under that one, per set of trace
+    paths (named for the first, with a digest of them all): one setting for traces this
+    user cannot write beside, and no run's index rebuilt for another's."""
     first = Path(paths[0])
+    root = envs.env_str(envs.INDEX_ROOT)
+    if root:
+        key = "\n".join(str(Path(p).resolve()) for p in paths)
+        digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+        return Path(root).expanduser() / f"{first.resolve().name or 'root'}-{digest}"
     return (first if first.is_dir() else first.parent) / INDEX_DIRNAME
 
 
@@ -246,6 +256,7 @@ class AnalysisIndex:
         self.last_reanalysed = 0  # requests the last update analysed anew
         self.last_tpot_redone = 0  # requests whose TPOT breakdown the last update made
         self.rebuilt = False  # the last update started from an empty index
+        self._why_built = NO_INDEX_YET  # why it did (`build_reason`)
         self.last_error: str | None = None  # why the last read missed a path
         self._stale_saved: list[str] = []
         self._tpot_saved: list[str] = []  # requests the last update made a breakdown for
@@ -337,24 +348,46 @@ class AnalysisIndex:
         """Whether a cold build of these paths pays for a worker per core."""
         return parallel_pays(FileSource(*self.paths).files())
 
+    def build_reason(self) -> str:
+        """Why the next `update` builds the index from nothing, in words ("" when it
+        does not): a directory given for one run and used for another, or an index of
+        other code, is rebuilt, and the line saying a build starts says which."""
+        if self._state is not None:  # opened: the reset said why
+            return self._why_built if self.needs_build() else ""
+        try:
+            return self._saved()[1]
+        except _UNREADABLE:
+            return "the one there was unreadable"
+        finally:
+            self._close_dbs()
+
     def _saved_state(self) -> _State | None:
         """The state the database holds, if it is still this index's (else None)."""
+        return self._saved()[0]
+
+    def _saved(self) -> tuple[_State | None, str]:
+        """`_saved_state`, and why not when None (`build_reason`)."""
         row = self._connect().execute("SELECT v FROM meta WHERE k = 'state'").fetchone()
-        state = None
-        if row is not None:
-            try:
-                fmt, state = pickle.loads(row[0])
-            except Exception:  # an unreadable index is rebuilt, never fatal
-                fmt = None
-            if fmt != format_key() or state.paths != self._path_key():
-                state = None
-        return None if state is None or self._stale(state) else state
+        if row is None:
+            return None, NO_INDEX_YET
+        try:
+            fmt, state = pickle.loads(row[0])
+        except Exception:  # an unreadable index is rebuilt, never fatal
+            return None, "the one there was unreadable"
+        if fmt != format_key():
+            return None, "the one there was made by another version of the analysis"
+        if state.paths != self._path_key():
+            return None, f"the one there was of other traces: {', '.join(state.paths)}"
+        if self._stale(state):
+            return None, "a trace file it had read shrank, vanished or was replaced"
+        return state, ""
 
     def _load_state(self) -> None:
         db = self._connect()
-        state = self._saved_state()
+        state, why = self._saved()
         if state is None:
             self._reset()
+            self._why_built = why
             return
         kept: dict[str, Kept] = {}
         load = Kept.load
@@ -397,6 +430,7 @@ class AnalysisIndex:
         self._skew_written = None
         self._index_resources()
         self.rebuilt = True
+        self._why_built = NO_INDEX_YET  # `build_reason` (`_load_state` may say more)
 
     def _path_key(self) -> list[str]:
         return [str(p.resolve()) for p in self.paths]
