@@ -544,6 +544,11 @@ class Feed:
             behind=idx.behind,
         )
 
+    @property
+    def index_dir(self) -> Path | None:
+        """Where the analysis index of the source's trace files is (None: read without)."""
+        return None if self._index is None else self._index.dir
+
     def _expand(self, requests: list[Any]) -> list[Any]:
         with self._work:
             return self._index.with_spans(requests)

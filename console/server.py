@@ -6,9 +6,11 @@ same command line as ``python -m streamlit run`` (`command.streamlit_command` bu
 Before Streamlit's CLI takes over, a daemon thread opens the source the app arguments
 name (`source.from_args`, as the app does), builds or updates its analysis index,
 analyses it and computes what every page's first visit reads (`derived.warm`), then
-prints one line: ``tracedpush console: ready: ...`` (or ``... not ready`` and why: the
-pages say the same). A visitor who arrives meanwhile waits for the same load, never
-for a second one: both go through the process's one `data.Feed` for the source.
+prints one line: ``tracedpush console: ready: ...`` (with where the analysis index is),
+or ``... not ready`` and why (the pages say the same); a run read without an index, as
+it could not be kept, gets a ``tracedpush console: note: ...`` line saying why. A
+visitor who arrives meanwhile waits for the same load, never for a second one: both go
+through the process's one `data.Feed` for the source.
 
 ``streamlit run console/app.py`` directly works as before, without the warm-up.
 """
@@ -23,6 +25,7 @@ import time
 # the warm-up's one line starts with one of these (tests and benchmarks wait for it)
 READY = "tracedpush console: ready"
 FAILED = "tracedpush console: not ready"
+NOTE = "tracedpush console: note"  # after a ready line: what the pages also warn of
 log = logging.getLogger(__name__)
 
 
@@ -42,7 +45,8 @@ def warm(argv: list[str]) -> None:
     if source.kind == "none":
         return
     try:
-        snap = data.feed(source).snapshot()
+        feed = data.feed(source)
+        snap = feed.snapshot()
         derived.warm(snap)
     except data.SourceError as err:
         print(f"{FAILED}: {err}", flush=True)
@@ -53,7 +57,10 @@ def warm(argv: list[str]) -> None:
     took = time.perf_counter() - started
     n = len(snap.run.requests)
     if n:
-        print(f"{READY}: {n:,} requests from {source.label} in {took:.1f} s", flush=True)
+        kept = f"; analysis index in {feed.index_dir}" if feed.index_dir else ""
+        print(f"{READY}: {n:,} requests from {source.label} in {took:.1f} s{kept}", flush=True)
+        if snap.index_unavailable:  # what every page says too
+            print(f"{NOTE}: {snap.index_unavailable}", flush=True)
         return
     level, text = data.no_requests_message(snap)  # what the pages say too
     print(f"{FAILED if level == 'warning' else READY}: {text}", flush=True)

@@ -44,12 +44,12 @@ class Source:
     service: str | None = None
     lookback: str = DEFAULT_LOOKBACK
     paths: tuple[str, ...] = ()  # several trace paths; () means just `location`
-    index_dir: str | None = None  # trace files: their analysis index (None: beside them)
+    index_dir: str | None = None  # trace files: their analysis index (None: the default)
 
     @classmethod
     def traces(cls, paths: Sequence[str], index_dir: str | None = None) -> Source:
         """A source of one trace path, or of several read as one store; `index_dir`: where
-        their analysis index is kept (None: the default, beside the first)."""
+        their analysis index is kept (None: `analysis.index.default_dir`)."""
         resolved = tuple(dict.fromkeys(_absolute(p) for p in paths))
         where = _absolute(index_dir) if index_dir else None
         if len(resolved) == 1:
@@ -128,7 +128,7 @@ def from_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Sour
     ns = _parse(argv)
     lookback = ns.lookback or env.get(ENV_LOOKBACK) or DEFAULT_LOOKBACK
     service = ns.service or env.get(ENV_JAEGER_SERVICE) or None
-    index_dir = ns.index_dir or None
+    index_dir = ns.index_dir
     if ns.traces:
         return Source.traces(ns.traces, index_dir)
     if ns.jaeger:

@@ -26,6 +26,24 @@ def test_the_server_is_ready_with_the_whole_run_before_anyone_visits(traces, exp
             assert page.status == 200
 
 
+def test_the_server_keeps_the_index_where_it_is_told(tmp_path):
+    """`--index-dir` after the separator (what `tracedpush console --index-dir` passes): the
+    real server's warm-up builds the index there, nothing beside the traces, and is ready
+    with the whole run."""
+    from tracedpush.analysis.index import INDEX_DIRNAME
+    from tracedpush.testing.synthetic import generate
+
+    traces, where = tmp_path / "traces", tmp_path / "index"
+    generate(12, seed=4).write(traces)
+    argv = ["--traces", str(traces), "--index-dir", str(where)]
+    with ConsoleServer(argv, log_path=tmp_path / "server.log") as server:
+        line = server.wait_ready()
+        assert line.startswith(READY) and f"12 requests from {traces}" in line, line
+        assert line.endswith(f"; analysis index in {where}"), line
+    assert (where / "index.sqlite").is_file()
+    assert not (traces / INDEX_DIRNAME).exists()
+
+
 def test_a_source_that_cannot_be_read_is_reported_and_the_server_serves(tmp_path):
     jaeger = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     with ConsoleServer(["--jaeger", jaeger], log_path=tmp_path / "server.log") as server:

@@ -195,7 +195,7 @@ def default_dir(paths: Sequence[str | os.PathLike[str]]) -> Path:
     if root:
         key = "\n".join(str(Path(p).resolve()) for p in paths)
         digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-        return Path(root).expanduser() / f"{first.resolve().name or 'root'}-{digest}"
+        return Path(root).expanduser().resolve() / f"{first.resolve().name or 'root'}-{digest}"
     return (first if first.is_dir() else first.parent) / INDEX_DIRNAME
 
 
