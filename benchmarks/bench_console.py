@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_report import _calibration_s  # how fast the machine runs Python, now
+
 from tracedpush.bench.argtypes import positive
 from tracedpush.envs import INDEX_ROOT
 
@@ -178,7 +180,13 @@ def _markdown(result: dict) -> str:
         f"`python benchmarks/bench_console.py {_how(result)}` on "
         f"{result['machine']} ({result['cpus']} CPUs), {result['date']}; 1-minute load "
         f"average {result['loadavg_start']:.1f} at the start, {result['loadavg_end']:.1f} at "
-        "the end (other work shared the machine).",
+        "the end (other work shared the machine)"
+        + (
+            f"; a fixed Python loop took {' / '.join(map(str, result['calibration_cpu_s']))} s "
+            "of CPU before / after (how fast the machine ran: `bench_report.py`'s calibration)."
+            if "calibration_cpu_s" in result
+            else "."
+        ),
         (
             "Synthetic push/pull traces (`tracedpush.testing.synthetic`): "
             if result.get("source", "synthetic") == "synthetic"
@@ -264,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpus": os.cpu_count(),
             "date": time.strftime("%Y-%m-%d"),
             "loadavg_start": os.getloadavg()[0],
+            "calibration_cpu_s": [_calibration_s()],
             "generate_s": gen_s,
             "load": _load(directory),
         }
@@ -274,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_browser:
             result["browser"] = _browser(directory, args.repeats)
     result["loadavg_end"] = os.getloadavg()[0]
+    result["calibration_cpu_s"].append(_calibration_s())
     text = _markdown(result)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
