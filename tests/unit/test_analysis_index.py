@@ -326,6 +326,32 @@ def test_a_real_run(tmp_path: Path) -> None:
 FORMATS = ("json", "json --spans", "table", "perfetto")
 
 
+def test_build_reason_names_what_was_there(
+    tmp_path: Path, skewed: synthetic.SyntheticRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`build_reason`: nothing to say of a warm index; else why the next update builds
+    from nothing, in the words the report prints, and the same once the index is open."""
+    from tracedpush.analysis import index as index_mod
+
+    d = tmp_path / "traces"
+    skewed.write(d)
+    idx_dir = tmp_path / "idx"
+    assert AnalysisIndex([d], index_dir=idx_dir).build_reason() == index_mod.NO_INDEX_YET
+    index_run([d], index_dir=idx_dir)
+    assert AnalysisIndex([d], index_dir=idx_dir).build_reason() == ""
+    with monkeypatch.context() as m:  # as after an upgrade of the analysis code
+        m.setattr(index_mod, "format_key", lambda: (index_mod.FORMAT, "other code"))
+        why = "the one there was made by another version of the analysis"
+        assert AnalysisIndex([d], index_dir=idx_dir).build_reason() == why
+    biggest = max(d.rglob("*.jsonl"), key=lambda f: f.stat().st_size)
+    biggest.write_bytes(biggest.read_bytes()[: biggest.stat().st_size // 2])  # rotated
+    why = "a trace file it had read shrank, vanished or was replaced"
+    assert AnalysisIndex([d], index_dir=idx_dir).build_reason() == why
+    opened = AnalysisIndex([d], index_dir=idx_dir)
+    opened.stats  # noqa: B018  (opens it: the stale index is reset here)
+    assert opened.build_reason() == why
+
+
 def test_index_root_keeps_each_runs_index_apart(
     tmp_path: Path,
     skewed: synthetic.SyntheticRun,
