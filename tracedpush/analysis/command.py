@@ -269,13 +269,18 @@ def _index(args: argparse.Namespace, kwargs: dict) -> AnalysisIndex | None:
         )
         idx.stats  # noqa: B018  (opens it: an unwritable place fails here, not later)
     except (OSError, sqlite3.Error) as exc:
-        _error(
-            f"analysis index unavailable ({exc}); reading without it (--index-dir DIR keeps "
-            "it in a directory you can write)",
-            0,
-        )
+        _without_index(exc)
         return None
     return idx
+
+
+def _without_index(exc: Exception) -> None:
+    """Say on stderr that this report reads the traces without its index, and the way out."""
+    _error(
+        f"analysis index unavailable ({exc}); reading without it (--index-dir DIR keeps it "
+        "in a directory you can write)",
+        0,
+    )
 
 
 def _write(args: argparse.Namespace, report: str | Callable[[TextIO], None], what: str) -> int:
@@ -359,11 +364,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             result = _update(idx)
         except sqlite3.Error as exc:  # e.g. another report holds it: do without
-            _error(
-                f"analysis index unavailable ({exc}); reading without it (--index-dir DIR keeps "
-                "it in a directory you can write)",
-                0,
-            )
+            _without_index(exc)
             idx.close()
             idx = None
     if isinstance(idx, AnalysisIndex):

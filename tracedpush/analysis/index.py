@@ -331,18 +331,8 @@ class AnalysisIndex:
                 self._state.stats.note(f"analysis index unreadable, built again: {exc}")
 
     def needs_build(self) -> bool:
-        """Whether the next `update` builds the index from nothing (none yet, or one of
-        other paths, of other code, or over a file that shrank or was replaced): a look
-        at its database, nothing loaded or reset, and no connection left open (another
-        process may build it meanwhile, as the console has it done: `index_child`)."""
-        if self._state is not None:
-            return self.rebuilt and not self._state.files
-        try:
-            return self._saved_state() is None
-        except _UNREADABLE:
-            return True
-        finally:
-            self._close_dbs()
+        """Whether the next `update` builds the index from nothing (`build_reason`)."""
+        return bool(self.build_reason())
 
     def parallel_pays(self) -> bool:
         """Whether a cold build of these paths pays for a worker per core."""
@@ -350,10 +340,12 @@ class AnalysisIndex:
 
     def build_reason(self) -> str:
         """Why the next `update` builds the index from nothing, in words ("" when it
-        does not): a directory given for one run and used for another, or an index of
-        other code, is rebuilt, and the line saying a build starts says which."""
+        does not): none yet, or one of other paths, of other code, or over a file that
+        shrank or was replaced; the line saying a build starts says which. A look at its
+        database, nothing loaded or reset, and no connection left open (another process
+        may build it meanwhile, as the console has it done: `index_child`)."""
         if self._state is not None:  # opened: the reset said why
-            return self._why_built if self.needs_build() else ""
+            return self._why_built if self.rebuilt and not self._state.files else ""
         try:
             return self._saved()[1]
         except _UNREADABLE:
@@ -361,12 +353,9 @@ class AnalysisIndex:
         finally:
             self._close_dbs()
 
-    def _saved_state(self) -> _State | None:
-        """The state the database holds, if it is still this index's (else None)."""
-        return self._saved()[0]
-
     def _saved(self) -> tuple[_State | None, str]:
-        """`_saved_state`, and why not when None (`build_reason`)."""
+        """The state the database holds if it is still this index's, else None and why
+        not (`build_reason`)."""
         row = self._connect().execute("SELECT v FROM meta WHERE k = 'state'").fetchone()
         if row is None:
             return None, NO_INDEX_YET
