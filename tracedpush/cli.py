@@ -22,6 +22,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Benchmarks: `bench sweep` runs QPS x input length, push vs pull (vLLM's format).",
     ),
     "report": ("tracedpush.analysis.command", "Analyse traces: critical path, skew, push vs pull."),
+    "index": (
+        "tracedpush.analysis.index_command",
+        "List and prune the analysis indexes kept under TRACEDPUSH_INDEX_ROOT.",
+    ),
     "console": ("tracedpush.console.command", "Serve the Streamlit console on a traces source."),
     "collect": (
         "tracedpush.collect.command",

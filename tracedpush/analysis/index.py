@@ -72,6 +72,7 @@ from tracedpush.analysis.index_store import (
     SHARDS,
     Kept,
     TraceFacts,
+    db_files,
     dump_result,
     load_result,
     open_span_db,
@@ -183,6 +184,15 @@ def _code_digest() -> str:
             h.update(f.read_bytes())
     h.update(f"{sys.version_info[:2]} {marshal.version}".encode())
     return h.hexdigest()[:16]
+
+
+def own_files(directory: Path) -> list[Path]:
+    """The files an index keeps in `directory` that are there (what `_reset` deletes;
+    `index_cache` removes nothing else)."""
+    names = [directory / _DB, *(directory / f"spans-{s}.sqlite" for s in range(SHARDS))]
+    files = [f for db in names for f in db_files(db)]
+    files += [directory / name for name in _FILES.values()]
+    return [f for f in files if f.is_file()]
 
 
 def default_dir(paths: Sequence[str | os.PathLike[str]]) -> Path:
@@ -394,6 +404,10 @@ class AnalysisIndex:
         self._delta = StepDelta(state.process_version)
         self._index_resources()
         self.rebuilt = False
+        try:  # "last used" for `tracedpush index` (a warm open may write nothing)
+            os.utime(self.dir / _DB)
+        except OSError:  # not ours to stamp: its files' times tell
+            pass
 
     def _reset(self) -> None:
         """Start empty: every file of the index goes (deleting the rows of 200,000

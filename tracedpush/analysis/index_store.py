@@ -109,10 +109,18 @@ def wal(db: sqlite3.Connection, wait_s: float = 30.0) -> None:
             time.sleep(0.02)
 
 
+_DB_SUFFIXES = ("", "-wal", "-shm", "-journal")
+
+
+def db_files(path: Path) -> list[Path]:
+    """One SQLite database's file with its WAL, shared-memory and journal files."""
+    return [path.with_name(path.name + suffix) for suffix in _DB_SUFFIXES]
+
+
 def remove_db(path: Path) -> None:
     """Delete one SQLite database with its WAL, shared-memory and journal files."""
-    for suffix in ("", "-wal", "-shm", "-journal"):
-        path.with_name(path.name + suffix).unlink(missing_ok=True)
+    for f in db_files(path):
+        f.unlink(missing_ok=True)
 
 
 def remove_span_db(directory: Path, shard: int) -> None:
