@@ -10,7 +10,8 @@ Generates synthetic push/pull traces (tracedpush.testing.synthetic), then measur
   (`console.server`), the first visit after that, new sessions afterwards, and each
   page as the first visit of a new browser (Streamlit's JavaScript not cached;
   ``--repeats`` times, the pages in turn), each until the script has finished and every
-  Plotly chart has drawn.
+  Plotly chart has drawn; for those, where the time went: Chromium's counters for the
+  page's renderer (main thread busy, of which JavaScript) and the JavaScript fetched.
 
 Prints a table and writes docs/benchmarks/console.md and console.json.
 
@@ -118,13 +119,54 @@ def _apptest(directory: Path, repeats: int) -> dict[str, dict[str, float]]:
     return out
 
 
-def _visit(driver, url: str, charts: int) -> float:
+_JS_FETCHED = """return performance.getEntriesByType('resource')
+    .filter(e => e.name.split('?')[0].endsWith('.js'))
+    .reduce((n, e) => n + e.transferSize, 0)"""  # 0 for a script from the browser's cache
+
+
+def _metrics(driver) -> dict[str, float]:
+    got = driver.execute_cdp_cmd("Performance.getMetrics", {})["metrics"]
+    return {m["name"]: m["value"] for m in got}
+
+
+def _open(driver, url: str) -> None:
+    """A browser's first request (its start is not a page's time), and the renderer's
+    counters on: its main thread's busy time and JavaScript time, per visit."""
+    driver.get(f"{url}/_stcore/health")
+    driver.execute_cdp_cmd("Performance.enable", {})
+
+
+def _visit(driver, url: str, charts: int) -> tuple[float, dict[str, float]]:
+    """Seconds until rendered, and where the browser spent them: its renderer's main
+    thread busy (`TaskDuration`), of which running JavaScript (`ScriptDuration`; its
+    compiling is not counted apart: `V8CompileDuration` stays 0 without a trace), and the
+    MB of JavaScript it fetched (none from its cache). The counters are the renderer
+    process's: right for a new browser's one page (its health check before costs
+    ~nothing, in whichever process), not for a page after another in the same browser,
+    which Chromium may move to a new process (the counters restart): `_browser_time`
+    shows them for new browsers only."""
     from tracedpush.testing import browser
 
+    before = _metrics(driver)
     started = time.perf_counter()
     driver.get(url)
     browser.wait_rendered(driver, charts=charts, timeout=600)
-    return time.perf_counter() - started
+    took = time.perf_counter() - started
+    after = _metrics(driver)
+    spent = {
+        "main_thread_s": after["TaskDuration"] - before["TaskDuration"],
+        "javascript_s": after["ScriptDuration"] - before["ScriptDuration"],
+        "js_fetched_mb": driver.execute_script(_JS_FETCHED) / 1e6,
+    }
+    return took, spent
+
+
+def _summary(visits: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+    times = [t for t, _ in visits]
+    out = {"median_s": statistics.median(times), "max_s": max(times)}
+    for key in visits[0][1]:
+        out[key] = statistics.median(spent[key] for _, spent in visits)
+    return out
 
 
 def _browser(directory: Path, repeats: int) -> dict[str, dict[str, float]]:
@@ -143,28 +185,24 @@ def _browser(directory: Path, repeats: int) -> dict[str, dict[str, float]]:
         ready = time.perf_counter() - started
         out["_ready"] = {"median_s": ready, "max_s": ready}
         with browser.chromium() as driver:  # the first visitor, empty browser cache
-            driver.get(f"{server.url}/_stcore/health")
-            first = _visit(driver, server.url, 5)
-            out["_first_visit"] = {"median_s": first, "max_s": first}
+            _open(driver, server.url)
+            out["_first_visit"] = _summary([_visit(driver, server.url, 5)])
         with browser.chromium() as driver:  # a returning browser: JavaScript cached
-            driver.get(f"{server.url}/_stcore/health")
+            _open(driver, server.url)
             _visit(driver, server.url, 5)  # its first visit caches it (not counted)
             for name, (_, url_path, charts) in PAGES.items():
-                times = [_visit(driver, f"{server.url}/{url_path}", charts) for _ in range(repeats)]
-                out[name] = {"median_s": statistics.median(times), "max_s": max(times)}
-        fresh: dict[str, list[float]] = {}
+                url = f"{server.url}/{url_path}"
+                out[name] = _summary([_visit(driver, url, charts) for _ in range(repeats)])
+        fresh: dict[str, list[tuple[float, dict[str, float]]]] = {}
         for _ in range(repeats):  # each page in a new browser, `repeats` times, in turn
             for name, (_, url_path, charts) in PAGES.items():
                 with browser.chromium() as driver:
-                    driver.get(f"{server.url}/_stcore/health")
+                    _open(driver, server.url)
                     url = f"{server.url}/{url_path}"
                     wait = charts if url_path else 5  # as the first visit's overview
                     fresh.setdefault(name, []).append(_visit(driver, url, wait))
-        for name, times in fresh.items():
-            out[f"_fresh_browser_{name}"] = {
-                "median_s": statistics.median(times),
-                "max_s": max(times),
-            }
+        for name, visits in fresh.items():
+            out[f"_fresh_browser_{name}"] = _summary(visits)
     return out
 
 
@@ -220,6 +258,7 @@ def _markdown(result: dict) -> str:
             page = name.removeprefix("_fresh_browser_")
             label = f"{page}, new browser (nothing cached), analysis cached"
         lines.append(f"| Chromium {label} | {row['median_s']:.2f} | {row['max_s']:.2f} |")
+    lines += _browser_time(result.get("browser", {}))
     lines += [
         "",
         "AppTest rows: one script run for a new session with the analysis cached (every",
@@ -233,6 +272,30 @@ def _markdown(result: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _browser_time(rows: dict[str, dict[str, float]]) -> list[str]:
+    """Where a new browser's first render went (medians), beside a new session's render:
+    the renderer's main thread busy, of which running JavaScript, and the
+    JavaScript fetched (a new browser's cache is empty)."""
+    lines = [
+        "",
+        "Where a new browser's first render goes (medians; Chromium's own counters for the",
+        "page's renderer; a new session, JavaScript cached, for comparison):",
+        "",
+        "| page | new session s | new browser s | main thread busy s | of which JavaScript s "
+        "| JavaScript fetched MB |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for page in PAGES:
+        row, session = rows.get(f"_fresh_browser_{page}", {}), rows.get(page, {})
+        if "main_thread_s" in row and "median_s" in session:
+            lines.append(
+                f"| {page} | {session['median_s']:.2f} | {row['median_s']:.2f} | "
+                f"{row['main_thread_s']:.2f} | {row['javascript_s']:.2f} | "
+                f"{row['js_fetched_mb']:.1f} |"
+            )
+    return lines if len(lines) > 6 else []
 
 
 def main(argv: list[str] | None = None) -> int:
