@@ -115,10 +115,7 @@ def in_use(directories: Sequence[Path]) -> dict[Path, list[str]]:
     for pid_dir in proc.iterdir():
         if not pid_dir.name.isdigit() or pid_dir.name == str(os.getpid()):
             continue
-        try:
-            links = [os.readlink(fd) for fd in (pid_dir / "fd").iterdir()]
-        except OSError:  # gone, or not ours to read
-            continue
+        links = _open_files(pid_dir)
         for prefix, d in wanted.items():
             if any(link.startswith(prefix) for link in links):
                 out.setdefault(d, []).append(f"{pid_dir.name} {_command(pid_dir)}")
@@ -243,6 +240,21 @@ def _mtime(f: Path) -> float:
         return f.stat().st_mtime
     except OSError:
         return 0.0
+
+
+def _open_files(pid_dir: Path) -> list[str]:
+    """What a process's descriptors point at (none: it ended, or is not ours to read)."""
+    try:
+        fds = list((pid_dir / "fd").iterdir())
+    except OSError:
+        return []
+    out = []
+    for fd in fds:
+        try:
+            out.append(os.readlink(fd))
+        except OSError:  # closed meanwhile
+            pass
+    return out
 
 
 def _command(pid_dir: Path) -> str:
