@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -571,7 +572,8 @@ class Feed:
                         paths, index_dir=where, threads=True, parallel=False
                     )
                     if idx.needs_build() and idx.parallel_pays():
-                        failed = index_child.build(paths, index_dir=where)
+                        # its progress on the server's stderr (the terminal)
+                        failed = index_child.build(paths, index_dir=where, echo=sys.stderr)
                         if failed:
                             log.warning("%s; building it in this process", failed)
                     started = time.perf_counter()

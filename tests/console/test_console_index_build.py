@@ -104,3 +104,24 @@ def test_the_child_and_its_workers_end_with_their_parent(slow_build_traces: Path
             os.kill(pid, signal.SIGCONT)
         wait_ended(below)
         assert index_mod.AnalysisIndex([d]).needs_build()
+
+
+def test_the_childs_build_progress_reaches_the_console_terminal(
+    traces: Path, tmp_path: Path
+) -> None:
+    """The child's line per build stage is echoed as it comes (to the console server's
+    stderr, its terminal): a minute of silence before at 200,000 requests."""
+    import io
+
+    echoed = io.StringIO()
+    assert index_child.build([traces], index_dir=tmp_path / "idx", echo=echoed) is None
+    lines = echoed.getvalue().splitlines()
+    stages = [line.split(": ", 2)[2] for line in lines]
+    assert stages == [
+        "reading the traces ...",
+        "storing spans by trace ...",
+        "estimating clock offsets ...",
+        "analysing requests ...",
+    ], lines
+    assert all(line.startswith("tracedpush console: ") for line in lines)
+    assert not index_mod.AnalysisIndex([traces], index_dir=tmp_path / "idx").needs_build()

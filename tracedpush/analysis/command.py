@@ -18,6 +18,7 @@ from tracedpush import envs, tuning
 from tracedpush.analysis.analyze import analyze
 from tracedpush.analysis.bench import join, render_bench
 from tracedpush.analysis.bench_results import BenchFormatError, BenchResult, load_results
+from tracedpush.analysis.build_progress import BuildProgress
 from tracedpush.analysis.compare import compare
 from tracedpush.analysis.index import (
     INDEX_DIRNAME,
@@ -331,7 +332,12 @@ def _update(idx: AnalysisIndex) -> RunAnalysis:
         file=sys.stderr,
     )
     started = time.perf_counter()
-    result = idx.update()
+    idx.progress = shown = BuildProgress(sys.stderr)
+    try:
+        result = idx.update()
+    finally:
+        idx.progress = None
+        shown.end()
     took = time.perf_counter() - started
     print(
         f"tracedpush report: analysis index built: {len(result.requests):,} requests "

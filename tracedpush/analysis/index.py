@@ -276,6 +276,9 @@ class AnalysisIndex:
         self.last_rows_written = 0  # traces whose facts, row or TPOT the last update wrote
         self._budget: int | None = None  # `update`'s reanalyse_at_most
         self._left: set[str] = set()  # the traces the last update left behind
+        # a cold build's progress, when set: progress(stage, done, total), stages and
+        # units in `index_build` (only a build on every core reports)
+        self.progress: Callable[[str, int, int], None] | None = None
         _OPEN.add(self)
 
     # ------------------------------------------------------------------ storage

@@ -52,6 +52,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from tracedpush.analysis.build_progress import ANALYSE, OFFSETS, READ, STORE
 from tracedpush.analysis.columns import row_of
 from tracedpush.analysis.index_steps import split_tpot
 from tracedpush.analysis.index_store import (
@@ -82,6 +83,8 @@ _CHUNK = 8 << 20
 _SIZE = (1 << 32) - 1  # a spilled record's size, in its place (see `_Worker.spans`)
 _DROP_EVERY = _CHUNK * 4  # bytes of spilled records read between two page drops
 _STOP_S = 5.0  # a build stopped (^C, an error): how long a terminated worker may take
+_PROGRESS = "progress"  # a worker's message: (_PROGRESS, stage, done, total)
+_PROGRESS_S = 0.5  # a worker's progress messages at most this often
 WORKER_PEAK_KB: list[int] = []  # the last build's workers' peak RSS (benchmarks read it)
 # and their CPU seconds: (read, store spans and facts, analyse)
 WORKER_CPU: list[tuple[float, float, float]] = []
@@ -149,6 +152,69 @@ def _trace_id(raw: bytes) -> str:
         return ""
 
 
+class _Report:
+    """A worker's progress to the parent: at most one message each `_PROGRESS_S` (and
+    each stage's last), none when the parent has nobody to tell."""
+
+    def __init__(self, conn: Connection | None) -> None:
+        self.conn = conn
+        self._next = 0.0
+
+    def __call__(self, stage: str, done: int, total: int, last: bool = False) -> None:
+        if self.conn is None:
+            return
+        now = time.monotonic()
+        if last or now >= self._next:
+            self._next = now + _PROGRESS_S
+            self.conn.send_bytes(pickle.dumps((_PROGRESS, stage, done, total)))
+
+
+class _Tally:
+    """The parent's side: each stage's counts summed over the workers, passed on; a
+    worker's other message read early (while draining) is kept for `reply`."""
+
+    def __init__(self, progress: Any, pipes: list[Connection]) -> None:
+        self.progress = progress
+        self.shard = {c: i for i, c in enumerate(pipes)}
+        self.counts: dict[tuple[str, int], tuple[int, int]] = {}
+        self.early: dict[Connection, Any] = {}
+
+    def stage(self, name: str) -> None:
+        if self.progress is not None:
+            self.progress(name, 0, 0)
+
+    def heard(self, c: Connection, got: tuple) -> None:
+        _, stage, done, total = got
+        self.counts[stage, self.shard[c]] = (done, total)
+        if self.progress is not None:
+            mine = [v for (st, _), v in self.counts.items() if st == stage]
+            self.progress(stage, sum(d for d, _ in mine), sum(t for _, t in mine))
+
+    def drain(self) -> None:
+        """Pass on what the workers said meanwhile (the parent was busy)."""
+        for c in self.shard:
+            while c not in self.early and c.poll():
+                got = _recv(c)
+                if _is_progress(got):
+                    self.heard(c, got)
+                else:
+                    self.early[c] = got
+
+    def reply(self, c: Connection) -> Any:
+        """The worker's next message that is not progress."""
+        if c in self.early:
+            return self.early.pop(c)
+        while True:
+            got = _recv(c)
+            if not _is_progress(got):
+                return got
+            self.heard(c, got)
+
+
+def _is_progress(got: Any) -> bool:
+    return isinstance(got, tuple) and len(got) == 4 and got[0] == _PROGRESS
+
+
 class _Worker:
     """One shard's share of the build (runs in a forked process).
 
@@ -176,6 +242,9 @@ class _Worker:
         self._res_ix: dict[int, int] = {}  # id(resource) -> its place in the interning
         self._pos = (0, 0, 0)
         self.lines_ok: list[int] = []
+        self.report = _Report(None)  # the parent's ears (`_run_worker`)
+        self._read_before = 0  # bytes of the files before the one being read
+        self._read_total = 0
 
     def close(self) -> None:
         self._spill.close()
@@ -241,7 +310,9 @@ class _Worker:
         read took 18.5 s of CPU, not 21.4, side by side). A file cut shorter meanwhile
         kills the worker (the map's pages are gone): the build fails and the sequential
         read does it all."""
+        self._read_total = sum(end for _f, end in files)
         for fi, (f, end) in enumerate(files):
+            self._read_before = sum(e for _f, e in files[:fi])
             if end <= 0:  # nothing whole yet (a map cannot be empty)
                 self.lines_ok.append(0)
                 continue
@@ -257,6 +328,8 @@ class _Worker:
                     mm.close()
                 except BufferError:  # a view outlived it (an error's traceback): GC'd
                     pass
+        if self.shard == 0:
+            self.report(READ, self._read_total, self._read_total, last=True)
 
     def _lines(self, f: Path, fi: int, mm: mmap.mmap, end: int) -> int:
         """The lines of one mapped file; the pages read are dropped from this process
@@ -280,6 +353,8 @@ class _Worker:
                 upto = pos & ~(mmap.PAGESIZE - 1)
                 mm.madvise(mmap.MADV_DONTNEED, dropped, upto - dropped)
                 dropped = upto
+                if self.shard == 0:
+                    self.report(READ, self._read_before + pos, self._read_total)
         return ok
 
     def _line(
@@ -371,6 +446,7 @@ def _run_worker(
     try:
         cpu = [time.process_time()]
         w = _Worker(idx, shard, n)
+        report = w.report = _Report(conn if idx.progress is not None else None)
         w.read(files)
         cpu.append(time.process_time())
         resources = w.resources()
@@ -381,11 +457,13 @@ def _run_worker(
         facts: dict[str, TraceFacts] = {}
 
         def stored() -> Iterator[tuple[str, bytes]]:
-            for tid, packed, spans in w.traces(list(w.spans)):
+            total = len(w.spans)
+            for done, (tid, packed, spans) in enumerate(w.traces(list(w.spans)), 1):
                 f = facts[tid] = idx._facts(tid, spans, 0)
                 if f.process:  # its engine steps, parsed: the parent joins the run's
                     conn.send_bytes(pickle.dumps(("parts", tid, StepParts().extend(spans))))
                 yield tid, pack_packed(packed)
+                report(STORE, done, total, last=done == total)
 
         db = open_span_db(idx.dir, shard, bulk=True)
         with db:
@@ -416,9 +494,11 @@ def _run_worker(
         # (`AnalysisIndex._load_results` makes one again when it is asked for: writing
         # 200,000 took about 5 s of the build's CPU, mostly for results nobody reads)
         rows = {}
-        for tid, _packed, spans in w.traces(list(w.spans)):
+        total = len(w.spans)
+        for done, (tid, _packed, spans) in enumerate(w.traces(list(w.spans)), 1):
             del w.spans[tid]
             rows[tid] = row_of(idx._analysed(tid, spans, off, res_ix))
+            report(ANALYSE, done, total, last=done == total)
         # the parent joined the engine steps meanwhile
         steps = pickle.loads(conn.recv_bytes())  # always read: the parent always sends
         tpots = split_tpot(((t, row, facts[t]) for t, row in rows.items()), off, lambda: steps)
@@ -502,14 +582,18 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         # neither side holds a shard's at once), then its facts
         mine: dict[str, StepParts] = {}
         phase1: list[Any] = [None] * workers
+        tally = _Tally(idx.progress, pipes)
         waiting = {c: shard for shard, c in enumerate(pipes)}
         while waiting:
             for c in wait(list(waiting)):
                 got = _recv(c)
                 if got[0] == "parts":
                     mine[got[1]] = got[2]
+                elif _is_progress(got):
+                    tally.heard(c, got)
                 else:
                     phase1[waiting.pop(c)] = got[1:]  # type: ignore[call-overload]
+        tally.stage(OFFSETS)
         keys = {tuple(k[1][0]) for k in phase1}
         if len(keys) != 1:
             raise RuntimeError("workers interned resources differently")
@@ -540,11 +624,15 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         # offsets; then the workers split their requests' TPOT over them
         state.process_version += 1
         merged = StepParts()
-        for tid in kept:
+        for i, tid in enumerate(kept):
             if tid in mine:
                 merged.merge(mine.pop(tid), lambda r: resources[idx._res_key[_key(r)]], own=True)
+            if i % 4096 == 0:
+                tally.drain()  # the workers' analysis goes on meanwhile: say so
         placed = merged.placed(idx._used(label), applied)  # uses the parts up
+        tally.drain()
         idx._keep_steps(placed, idx._steps_key(applied), write=True)
+        tally.drain()
         idx._write_skew()  # the evidence the offsets were made from, for the next opening
         del merged
         _trim()
@@ -556,7 +644,7 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         WORKER_PEAK_KB.clear()
         WORKER_CPU.clear()
         for c in pipes:
-            rows_blob, tpots_blob, peak, times = _recv(c)
+            rows_blob, tpots_blob, peak, times = tally.reply(c)
             rows, tpots = marshal.loads(rows_blob), marshal.loads(tpots_blob)
             del rows_blob, tpots_blob
             WORKER_PEAK_KB.append(peak)

@@ -22,29 +22,45 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 from tracedpush.parent_death import end_with_parent
 
+PROGRESS_PREFIX = "tracedpush console"  # the child's progress lines (`build`'s echo)
 
-def build(paths: Sequence[Path], index_dir: str | Path | None = None) -> str | None:
+
+def build(
+    paths: Sequence[Path], index_dir: str | Path | None = None, echo: TextIO | None = None
+) -> str | None:
     """Build the index of `paths` (in `index_dir`, else at its default place, with the
     default options, a worker per core) in a child process; None when it did, else why
-    not (the child's last words)."""
+    not (the child's last words). `echo`: where the build's progress lines go as they
+    come (a line as each stage starts: the console's terminal)."""
     where = ["--index-dir", str(index_dir)] if index_dir is not None else []
     argv = [sys.executable, "-m", __name__, "--parallel", *where, "--", *map(str, paths)]
+    if echo is not None:
+        argv.insert(3, "--progress")
     try:
-        done = subprocess.run(
+        child = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
-            capture_output=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
             text=True,
-            check=False,
         )
     except OSError as exc:
         return f"the index build process did not start: {exc}"
-    if done.returncode:
-        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        return f"the index build process failed (exit {done.returncode}): {last[0]}"
+    last = "no output"
+    assert child.stderr is not None
+    with child:
+        for line in child.stderr:
+            if echo is not None and line.startswith(f"{PROGRESS_PREFIX}: "):
+                echo.write(line)
+                echo.flush()
+            elif line.strip():
+                last = line.strip()
+    if child.returncode:
+        return f"the index build process failed (exit {child.returncode}): {last}"
     return None
 
 
@@ -66,6 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Build the analysis index of trace paths (what the console runs).",
     )
     ap.add_argument("--parallel", action="store_true", help="a build worker per core")
+    ap.add_argument("--progress", action="store_true", help="a stderr line per build stage")
     ap.add_argument("--index-dir", type=Path, help="where the index is (default: beside them)")
     ap.add_argument("paths", nargs="+", type=Path, help="trace files or directories")
     args = ap.parse_args(argv)
@@ -75,6 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     idx = AnalysisIndex(
         args.paths, index_dir=args.index_dir, parallel=True if args.parallel else None
     )
+    if args.progress:
+        from tracedpush.analysis.build_progress import BuildProgress
+
+        idx.progress = BuildProgress(sys.stderr, prefix=PROGRESS_PREFIX, tty=False)
     try:
         idx.update()
     finally:

@@ -1,0 +1,92 @@
+"""A cold index build on every core says how far it is: real forked workers report
+bytes read, traces stored and requests analysed to `AnalysisIndex.progress`, and
+`tracedpush report` shows it (a line rewritten on a terminal, a line per stage in a
+log)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from tracedpush.analysis import index as index_mod
+from tracedpush.analysis.build_progress import ANALYSE, OFFSETS, READ, STORE, BuildProgress
+from tracedpush.analysis.index import AnalysisIndex
+from tracedpush.cli import main
+from tracedpush.testing import synthetic
+
+
+@pytest.fixture
+def traces(tmp_path: Path) -> Path:
+    d = tmp_path / "traces"
+    synthetic.generate(40, seed=5, batch=4).write(d)
+    return d
+
+
+def test_the_workers_progress_adds_up(traces: Path, tmp_path: Path) -> None:
+    idx = AnalysisIndex([traces], index_dir=tmp_path / "idx", parallel=True)
+    heard: list[tuple[str, int, int]] = []
+    idx.progress = lambda *a: heard.append(a)
+    run = idx.update()
+    idx.close()
+    order = [s for i, (s, _, _) in enumerate(heard) if i == 0 or heard[i - 1][0] != s]
+    assert order == [READ, STORE, OFFSETS, ANALYSE]
+    last = {stage: (done, total) for stage, done, total in heard}
+    trace_bytes = sum(f.stat().st_size for f in traces.rglob("*.jsonl"))
+    assert last[READ] == (trace_bytes, trace_bytes)  # every byte, counted once
+    assert last[STORE] == (len(idx._kept), len(idx._kept))  # every trace, both shards
+    assert last[ANALYSE] == (len(run.requests), len(run.requests))
+    for stage, done, total in heard:
+        assert 0 <= done <= total, (stage, done, total)
+
+
+def test_listening_changes_nothing_built(traces: Path, tmp_path: Path) -> None:
+    """The same requests with and without a listener (the console's own builds and the
+    benchmarks' Python opens have none: their workers send no progress)."""
+    quiet_idx = AnalysisIndex([traces], index_dir=tmp_path / "quiet", parallel=True)
+    quiet = list(quiet_idx.update().requests)
+    quiet_idx.close()
+    loud_idx = AnalysisIndex([traces], index_dir=tmp_path / "loud", parallel=True)
+    loud_idx.progress = lambda *a: None
+    assert list(loud_idx.update().requests) == quiet
+    loud_idx.close()
+
+
+def test_report_says_each_stage_in_a_log(
+    traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.setattr(index_mod, "PARALLEL_BYTES", 0)  # a build on every core
+    assert main(["report", "--traces", str(traces), "--out", str(tmp_path / "r.txt")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    stages = [line for line in err if line.endswith(" ...") and " s: " in line]
+    assert [line.split(" s: ")[1] for line in stages] == [
+        "reading the traces ...",
+        "storing spans by trace ...",
+        "estimating clock offsets ...",
+        "analysing requests ...",
+    ], err
+    assert err[-2].startswith("tracedpush report: analysis index built: 40 requests")
+
+
+class _Terminal(io.StringIO):
+    """A stream that says it is a terminal (none here under pytest)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_one_line_is_rewritten() -> None:
+    out = _Terminal()
+    shown = BuildProgress(out)
+    shown(READ, 1_500_000_000, 3_000_000_000)
+    shown(STORE, 12_345, 200_000)
+    shown(OFFSETS, 0, 0)
+    shown.end()
+    text = out.getvalue()
+    assert text.count("\n") == 1 and text.endswith("\n")  # one line, ended once
+    frames = text.rstrip("\n").split("\r")[1:]
+    assert frames[0] == "tracedpush report: reading the traces 1.50 of 3.00 GB (50%)"
+    assert frames[1].startswith("tracedpush report: storing spans by trace 12,345 of 200,000 (6%)")
+    # a shorter line clears what the longer one before it left
+    assert len(frames[2]) == len(frames[1]) and frames[2].rstrip().endswith("offsets ...")

@@ -1,0 +1,61 @@
+"""A cold index build's progress on stderr (`tracedpush report`): a minute at 200,000
+requests here, several on a slower machine or a longer run, with nothing said between
+"building" and "built" before. On a terminal one line is rewritten (as pip's and
+vLLM's bars); in a log, a line as each stage starts, with the time so far."""
+
+from __future__ import annotations
+
+import time
+from typing import TextIO
+
+# What `AnalysisIndex.progress(stage, done, total)` hears of a build on every core
+# (`index_build`): bytes of trace files read (worker 0's: every worker reads them all),
+# traces stored and traces analysed (all workers'), and the parent's own stage between
+# them (no count)
+READ, STORE, OFFSETS, ANALYSE = "read", "store", "offsets", "analyse"
+_WORDS = {
+    READ: "reading the traces",
+    STORE: "storing spans by trace",
+    OFFSETS: "estimating clock offsets",
+    ANALYSE: "analysing requests",
+}
+
+
+class BuildProgress:
+    """`AnalysisIndex.progress`: (stage, done, total) -> what the user sees."""
+
+    def __init__(
+        self, stream: TextIO, prefix: str = "tracedpush report", tty: bool | None = None
+    ) -> None:
+        self.stream = stream
+        self.prefix = prefix
+        self.tty = stream.isatty() if tty is None else tty
+        self.started = time.perf_counter()
+        self.stage: str | None = None
+        self._width = 0
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        words = _WORDS.get(stage, stage)
+        if self.tty:
+            line = f"{self.prefix}: {words}{_count(stage, done, total)}"
+            pad = " " * max(self._width - len(line), 0)  # what a longer line left
+            print(f"\r{line}{pad}", end="", file=self.stream, flush=True)
+            self._width = len(line)
+        elif stage != self.stage:
+            took = time.perf_counter() - self.started
+            print(f"{self.prefix}: {took:.0f} s: {words} ...", file=self.stream, flush=True)
+        self.stage = stage
+
+    def end(self) -> None:
+        """Leave the terminal's line as it stands, and the next print on its own."""
+        if self.tty and self.stage is not None:
+            print(file=self.stream, flush=True)
+
+
+def _count(stage: str, done: int, total: int) -> str:
+    if not total:
+        return " ..."
+    pct = f" ({100 * done // total}%)"
+    if stage == READ:
+        return f" {done / 1e9:.2f} of {total / 1e9:.2f} GB{pct}"
+    return f" {done:,} of {total:,}{pct}"
