@@ -85,6 +85,7 @@ _DROP_EVERY = _CHUNK * 4  # bytes of spilled records read between two page drops
 _STOP_S = 5.0  # a build stopped (^C, an error): how long a terminated worker may take
 _PROGRESS = "progress"  # a worker's message: (_PROGRESS, stage, done, total)
 _PROGRESS_S = 0.5  # a worker's progress messages at most this often
+_REPORT_EVERY = 256  # traces between two looks at the clock (0.1 s a worker at each)
 WORKER_PEAK_KB: list[int] = []  # the last build's workers' peak RSS (benchmarks read it)
 # and their CPU seconds: (read, store spans and facts, analyse)
 WORKER_CPU: list[tuple[float, float, float]] = []
@@ -463,7 +464,8 @@ def _run_worker(
                 if f.process:  # its engine steps, parsed: the parent joins the run's
                     conn.send_bytes(pickle.dumps(("parts", tid, StepParts().extend(spans))))
                 yield tid, pack_packed(packed)
-                report(STORE, done, total, last=done == total)
+                if done % _REPORT_EVERY == 0 or done == total:
+                    report(STORE, done, total, last=done == total)
 
         db = open_span_db(idx.dir, shard, bulk=True)
         with db:
@@ -498,7 +500,8 @@ def _run_worker(
         for done, (tid, _packed, spans) in enumerate(w.traces(list(w.spans)), 1):
             del w.spans[tid]
             rows[tid] = row_of(idx._analysed(tid, spans, off, res_ix))
-            report(ANALYSE, done, total, last=done == total)
+            if done % _REPORT_EVERY == 0 or done == total:
+                report(ANALYSE, done, total, last=done == total)
         # the parent joined the engine steps meanwhile
         steps = pickle.loads(conn.recv_bytes())  # always read: the parent always sends
         tpots = split_tpot(((t, row, facts[t]) for t, row in rows.items()), off, lambda: steps)
