@@ -85,7 +85,7 @@ _DROP_EVERY = _CHUNK * 4  # bytes of spilled records read between two page drops
 _STOP_S = 5.0  # a build stopped (^C, an error): how long a terminated worker may take
 _PROGRESS = "progress"  # a worker's message: (_PROGRESS, stage, done, total)
 _PROGRESS_S = 0.5  # a worker's progress messages at most this often
-_REPORT_EVERY = 256  # traces between two looks at the clock (0.1 s a worker at each)
+_REPORT_EVERY = 256  # traces between two looks at the clock (at each: 0.1 s a worker)
 WORKER_PEAK_KB: list[int] = []  # the last build's workers' peak RSS (benchmarks read it)
 # and their CPU seconds: (read, store spans and facts, analyse)
 WORKER_CPU: list[tuple[float, float, float]] = []
