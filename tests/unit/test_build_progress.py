@@ -39,6 +39,8 @@ def test_the_workers_progress_adds_up(traces: Path, tmp_path: Path) -> None:
     assert last[ANALYSE] == (len(run.requests), len(run.requests))
     for stage, done, total in heard:
         assert 0 <= done <= total, (stage, done, total)
+    read = [done for stage, done, _ in heard if stage == READ]
+    assert read == sorted(read) and len(read) >= 2  # between files too, never back
 
 
 def test_listening_changes_nothing_built(traces: Path, tmp_path: Path) -> None:

@@ -277,7 +277,7 @@ class AnalysisIndex:
         self._budget: int | None = None  # `update`'s reanalyse_at_most
         self._left: set[str] = set()  # the traces the last update left behind
         # a cold build's progress, when set: progress(stage, done, total), stages and
-        # units in `index_build` (only a build on every core reports)
+        # units in `build_progress` (only a build on every core reports)
         self.progress: Callable[[str, int, int], None] | None = None
         _OPEN.add(self)
 

@@ -312,8 +312,12 @@ class _Worker:
         kills the worker (the map's pages are gone): the build fails and the sequential
         read does it all."""
         self._read_total = sum(end for _f, end in files)
+        self._read_before = 0
         for fi, (f, end) in enumerate(files):
-            self._read_before = sum(e for _f, e in files[:fi])
+            if fi:
+                self._read_before += max(files[fi - 1][1], 0)
+                if self.shard == 0:  # many small files: said between them too
+                    self.report(READ, self._read_before, self._read_total)
             if end <= 0:  # nothing whole yet (a map cannot be empty)
                 self.lines_ok.append(0)
                 continue

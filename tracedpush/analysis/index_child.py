@@ -37,9 +37,8 @@ def build(
     not (the child's last words). `echo`: where the build's progress lines go as they
     come (a line as each stage starts: the console's terminal)."""
     where = ["--index-dir", str(index_dir)] if index_dir is not None else []
-    argv = [sys.executable, "-m", __name__, "--parallel", *where, "--", *map(str, paths)]
-    if echo is not None:
-        argv.insert(3, "--progress")
+    said = ["--progress"] if echo is not None else []
+    argv = [sys.executable, "-m", __name__, "--parallel", *said, *where, "--", *map(str, paths)]
     try:
         child = subprocess.Popen(
             argv,
