@@ -26,8 +26,8 @@ import pandas as pd
 
 from tracedpush import analysis
 from tracedpush import semconv as sc
+from tracedpush.analysis import build_progress, index_child
 from tracedpush.analysis import index as index_mod
-from tracedpush.analysis import index_child
 from tracedpush.analysis.results import LazySteps, made_with
 from tracedpush.console import selection
 from tracedpush.console.selection import mode_order
@@ -519,6 +519,8 @@ class Feed:
         self.last_new = 0  # spans the last refresh brought
         self.last_error: SourceError | None = None
         self.index_unavailable = ""  # trace files read without an index: why, and what to do
+        # while a cold index build runs in its child: how far it is (a page shows it)
+        self.building: str | None = None
 
     def _analyse(self) -> Snapshot:
         started = time.perf_counter()
@@ -572,8 +574,7 @@ class Feed:
                         paths, index_dir=where, threads=True, parallel=False
                     )
                     if idx.needs_build() and idx.parallel_pays():
-                        # its progress on the server's stderr (the terminal)
-                        failed = index_child.build(paths, index_dir=where, echo=sys.stderr)
+                        failed = self._build_in_child(paths, where)
                         if failed:
                             log.warning("%s; building it in this process", failed)
                     started = time.perf_counter()
@@ -585,6 +586,24 @@ class Feed:
                     log.warning("no analysis index for %s (%s)", self.source.label, exc)
                     self.index_unavailable = _no_index(self.source, exc)
         self._store = _open_store(self.source)
+
+    def _build_in_child(self, paths: list[Path], where: str | None) -> str | None:
+        """`index_child.build`, its progress kept for the pages (`building`) and said on
+        the server's terminal as each stage starts."""
+        said: list[str | None] = [None]
+
+        def heard(line: str) -> None:
+            self.building = line
+            stage = build_progress.stage_of(line)
+            if stage != said[0]:
+                said[0] = stage
+                print(f"{index_child.PROGRESS_PREFIX}: {line}", file=sys.stderr, flush=True)
+
+        self.building = "starting"
+        try:
+            return index_child.build(paths, index_dir=where, progress=heard)
+        finally:
+            self.building = None
 
     def snapshot(self) -> Snapshot:
         """The current snapshot, loading the source on first use."""

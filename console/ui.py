@@ -25,6 +25,7 @@ SOURCE_KEY = "source"  # session state: a Source chosen in the sidebar
 BENCH_KEY = "bench"  # session state: benchmark results typed on the Sweep page
 TIMELINE_PAGE = "views/timeline.py"
 AUTO_REFRESH_S = 10.0
+BUILD_POLL_S = 0.5  # how often a page waiting for the index build says how far it is
 
 
 def current_source() -> Source:
@@ -52,10 +53,24 @@ def show_error(err: data.SourceError) -> None:
     (st.info if err.level == "info" else st.warning)(str(err))
 
 
+def _wait_for_build(feed: data.Feed) -> None:
+    """While the run's first index build goes on (a minute at 200,000 requests), say how
+    far it is instead of a bare spinner; the page draws once it is done."""
+    if not feed.building:
+        return
+    box = st.empty()
+    while (line := feed.building) is not None:
+        box.info(f"Building the analysis index of this run (once; later visits open it "
+                 f"warm): {line}", icon="⏳")  # fmt: skip
+        time.sleep(BUILD_POLL_S)
+    box.empty()
+
+
 def _fresh_snapshot() -> data.Snapshot:
     """The current source's analysis, refreshed at most every ``AUTO_REFRESH_S`` (at once
     while there is nothing yet); raises `data.SourceError`."""
     feed = data.feed(current_source())
+    _wait_for_build(feed)
     snap = feed.snapshot()
     if not snap.run.requests or time.time() - feed.last_refresh > AUTO_REFRESH_S:
         feed.tick()

@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tracedpush.analysis import TraceStore, analyze, index_child
+from tracedpush.analysis import TraceStore, analyze, build_progress, index_child
 from tracedpush.analysis import index as index_mod
 from tracedpush.console import data
 from tracedpush.console.source import Source
@@ -106,22 +107,56 @@ def test_the_child_and_its_workers_end_with_their_parent(slow_build_traces: Path
         assert index_mod.AnalysisIndex([d]).needs_build()
 
 
-def test_the_childs_build_progress_reaches_the_console_terminal(
-    traces: Path, tmp_path: Path
+def test_the_childs_build_progress_reaches_the_console(
+    slow_build_traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    """The child's line per build stage is echoed as it comes (to the console server's
-    stderr, its terminal): a minute of silence before at 200,000 requests."""
-    import io
+    """While the child builds (a minute of silence at 200,000 requests before), the Feed
+    keeps its latest progress line for the pages (`Feed.building`) and the server's
+    terminal gets a line as each stage starts; after it, `building` is None again."""
+    import threading
+    import time
 
-    echoed = io.StringIO()
-    assert index_child.build([traces], index_dir=tmp_path / "idx", echo=echoed) is None
-    lines = echoed.getvalue().splitlines()
-    stages = [line.split(": ", 2)[2] for line in lines]
-    assert stages == [
-        "reading the traces ...",
-        "storing spans by trace ...",
-        "estimating clock offsets ...",
-        "analysing requests ...",
-    ], lines
-    assert all(line.startswith("tracedpush console: ") for line in lines)
-    assert not index_mod.AnalysisIndex([traces], index_dir=tmp_path / "idx").needs_build()
+    monkeypatch.setattr(index_mod, "PARALLEL_BYTES", 0)
+    feed = data.Feed(Source.traces([str(slow_build_traces)]))
+    seen: set[str] = set()
+    loading = threading.Thread(target=feed.snapshot)
+    loading.start()
+    while loading.is_alive():
+        line = feed.building
+        if line is not None:
+            seen.add(line)
+        time.sleep(0.01)
+    loading.join()
+    assert feed.building is None and not feed._index.rebuilt  # the child's, opened warm
+    counted = [line for line in seen if "%)" in line]
+    assert counted, seen  # e.g. "1 s: storing spans by trace 21,504 of 61,000 (35%)"
+    terminal = [line for line in capsys.readouterr().err.splitlines() if " s: " in line]
+    assert [build_progress.stage_of(line) for line in terminal] == [
+        "reading the traces",
+        "storing spans by trace",
+        "estimating clock offsets",
+        "analysing requests",
+    ], terminal
+    assert all(line.startswith("tracedpush console: ") for line in terminal)
+
+
+def test_a_page_waits_for_the_build_then_draws(
+    traces: Path, app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A visitor who comes while the child builds: the page waits (saying how far the
+    build is, in a box it empties after: AppTest sees only the end) and then draws."""
+    import threading
+    import time
+
+    source = Source.traces([str(traces)])
+    feed = data.Feed(source)
+    monkeypatch.setitem(data._feeds, source, feed)  # the one the page reads; undone after
+    feed.building = "3 s: storing spans by trace 1,024 of 4,096 (25%)"
+    done = threading.Timer(1.0, lambda: setattr(feed, "building", None))
+    done.start()
+    started = time.perf_counter()
+    at = app(traces=traces)
+    assert time.perf_counter() - started >= 1.0  # it waited for the build
+    assert not at.exception
+    assert [t.value for t in at.title] == ["Push vs pull"]  # the page drew
+    assert not [i for i in at.info if "Building the analysis index" in i.value]  # emptied

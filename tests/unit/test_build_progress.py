@@ -39,6 +39,8 @@ def test_the_workers_progress_adds_up(traces: Path, tmp_path: Path) -> None:
     assert last[ANALYSE] == (len(run.requests), len(run.requests))
     for stage, done, total in heard:
         assert 0 <= done <= total, (stage, done, total)
+        if stage in (STORE, ANALYSE):  # every worker's total from the first count on
+            assert total == last[stage][1], (stage, done, total)
     read = [done for stage, done, _ in heard if stage == READ]
     assert read == sorted(read) and len(read) >= 2  # between files too, never back
 

@@ -25,11 +25,18 @@ class BuildProgress:
     """`AnalysisIndex.progress`: (stage, done, total) -> what the user sees."""
 
     def __init__(
-        self, stream: TextIO, prefix: str = "tracedpush report", tty: bool | None = None
+        self,
+        stream: TextIO,
+        prefix: str = "tracedpush report",
+        tty: bool | None = None,
+        every: bool = False,
     ) -> None:
+        """`every`: a line for every update, with its count (for a program reading
+        them, as the console reads its build child's), not one per stage."""
         self.stream = stream
         self.prefix = prefix
         self.tty = stream.isatty() if tty is None else tty
+        self.every = every
         self.started = time.perf_counter()
         self.stage: str | None = None
         self._width = 0
@@ -41,9 +48,10 @@ class BuildProgress:
             pad = " " * max(self._width - len(line), 0)  # what a longer line left
             print(f"\r{line}{pad}", end="", file=self.stream, flush=True)
             self._width = len(line)
-        elif stage != self.stage:
+        elif self.every or stage != self.stage:
             took = time.perf_counter() - self.started
-            print(f"{self.prefix}: {took:.0f} s: {words} ...", file=self.stream, flush=True)
+            count = _count(stage, done, total) if self.every else " ..."
+            print(f"{self.prefix}: {took:.0f} s: {words}{count}", file=self.stream, flush=True)
         self.stage = stage
 
     def end(self) -> None:
@@ -59,3 +67,8 @@ def _count(stage: str, done: int, total: int) -> str:
     if stage == READ:
         return f" {done / 1e9:.2f} of {total / 1e9:.2f} GB{pct}"
     return f" {done:,} of {total:,}{pct}"
+
+
+def stage_of(line: str) -> str | None:
+    """The stage a progress line names (its words), or None."""
+    return next((words for words in _WORDS.values() if words in line), None)

@@ -187,8 +187,10 @@ class _Tally:
     def heard(self, c: Connection, got: tuple) -> None:
         _, stage, done, total = got
         self.counts[stage, self.shard[c]] = (done, total)
-        if self.progress is not None:
-            mine = [v for (st, _), v in self.counts.items() if st == stage]
+        mine = [v for (st, _), v in self.counts.items() if st == stage]
+        # a stage's counts once every worker has said its total (each does as it starts
+        # the stage), not half of them first; reading is worker 0's alone
+        if self.progress is not None and len(mine) >= (1 if stage == READ else len(self.shard)):
             self.progress(stage, sum(d for d, _ in mine), sum(t for _, t in mine))
 
     def drain(self) -> None:
@@ -463,6 +465,7 @@ def _run_worker(
 
         def stored() -> Iterator[tuple[str, bytes]]:
             total = len(w.spans)
+            report(STORE, 0, total, last=True)  # its total, at once
             for done, (tid, packed, spans) in enumerate(w.traces(list(w.spans)), 1):
                 f = facts[tid] = idx._facts(tid, spans, 0)
                 if f.process:  # its engine steps, parsed: the parent joins the run's
@@ -501,6 +504,7 @@ def _run_worker(
         # 200,000 took about 5 s of the build's CPU, mostly for results nobody reads)
         rows = {}
         total = len(w.spans)
+        report(ANALYSE, 0, total, last=True)
         for done, (tid, _packed, spans) in enumerate(w.traces(list(w.spans)), 1):
             del w.spans[tid]
             rows[tid] = row_of(idx._analysed(tid, spans, off, res_ix))

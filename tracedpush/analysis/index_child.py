@@ -20,24 +20,26 @@ import argparse
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TextIO
 
 from tracedpush.parent_death import end_with_parent
 
-PROGRESS_PREFIX = "tracedpush console"  # the child's progress lines (`build`'s echo)
+PROGRESS_PREFIX = "tracedpush console"  # the child's progress lines (`build`'s progress)
 
 
 def build(
-    paths: Sequence[Path], index_dir: str | Path | None = None, echo: TextIO | None = None
+    paths: Sequence[Path],
+    index_dir: str | Path | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> str | None:
     """Build the index of `paths` (in `index_dir`, else at its default place, with the
     default options, a worker per core) in a child process; None when it did, else why
-    not (the child's last words). `echo`: where the build's progress lines go as they
-    come (a line as each stage starts: the console's terminal)."""
+    not (the child's last words). `progress`: each of the build's progress lines as it
+    comes, without the prefix ("12 s: storing spans by trace 45,000 of 102,836 (43%)",
+    at most a few a second)."""
     where = ["--index-dir", str(index_dir)] if index_dir is not None else []
-    said = ["--progress"] if echo is not None else []
+    said = ["--progress"] if progress is not None else []
     argv = [sys.executable, "-m", __name__, "--parallel", *said, *where, "--", *map(str, paths)]
     try:
         child = subprocess.Popen(
@@ -53,9 +55,8 @@ def build(
     assert child.stderr is not None
     with child:
         for line in child.stderr:
-            if echo is not None and line.startswith(f"{PROGRESS_PREFIX}: "):
-                echo.write(line)
-                echo.flush()
+            if progress is not None and line.startswith(f"{PROGRESS_PREFIX}: "):
+                progress(line.rstrip("\n").removeprefix(f"{PROGRESS_PREFIX}: "))
             elif line.strip():
                 last = line.strip()
     if child.returncode:
@@ -81,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Build the analysis index of trace paths (what the console runs).",
     )
     ap.add_argument("--parallel", action="store_true", help="a build worker per core")
-    ap.add_argument("--progress", action="store_true", help="a stderr line per build stage")
+    ap.add_argument("--progress", action="store_true", help="a stderr line per build update")
     ap.add_argument("--index-dir", type=Path, help="where the index is (default: beside them)")
     ap.add_argument("paths", nargs="+", type=Path, help="trace files or directories")
     args = ap.parse_args(argv)
@@ -94,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.progress:
         from tracedpush.analysis.build_progress import BuildProgress
 
-        idx.progress = BuildProgress(sys.stderr, prefix=PROGRESS_PREFIX, tty=False)
+        idx.progress = BuildProgress(sys.stderr, prefix=PROGRESS_PREFIX, tty=False, every=True)
     try:
         idx.update()
     finally:
