@@ -42,8 +42,10 @@ import marshal
 import mmap
 import multiprocessing
 import pickle
+import queue
 import re
 import tempfile
+import threading
 import time
 import traceback
 import zlib
@@ -171,14 +173,12 @@ class _Report:
 
 
 class _Tally:
-    """The parent's side: each stage's counts summed over the workers, passed on; a
-    worker's other message read early (while draining) is kept for `reply`."""
+    """The parent's side: each stage's counts summed over the workers, passed on."""
 
     def __init__(self, progress: Any, pipes: list[Connection]) -> None:
         self.progress = progress
         self.shard = {c: i for i, c in enumerate(pipes)}
         self.counts: dict[tuple[str, int], tuple[int, int]] = {}
-        self.early: dict[Connection, Any] = {}
 
     def stage(self, name: str) -> None:
         if self.progress is not None:
@@ -193,25 +193,39 @@ class _Tally:
         if self.progress is not None and len(mine) >= (1 if stage == READ else len(self.shard)):
             self.progress(stage, sum(d for d, _ in mine), sum(t for _, t in mine))
 
-    def drain(self) -> None:
-        """Pass on what the workers said meanwhile (the parent was busy)."""
-        for c in self.shard:
-            while c not in self.early and c.poll():
-                got = _recv(c)
-                if _is_progress(got):
-                    self.heard(c, got)
-                else:
-                    self.early[c] = got
+
+class _Listener(threading.Thread):
+    """The second phase's reader of the workers' pipes: the parent joins the engine
+    steps meanwhile (10-20 s at 200,000 requests, in calls that cannot stop to read), so
+    without it the workers' analysis progress came in one burst at the end. Each
+    worker's reply (or the error reading it) waits in `reply`. Only this thread reads
+    the pipes then; the parent only writes to them (a pipe's two directions are apart)."""
+
+    def __init__(self, tally: _Tally, pipes: list[Connection]) -> None:
+        super().__init__(name="index-build-listener", daemon=True)
+        self.tally = tally
+        self.pending = list(pipes)
+        self.replies: dict[Connection, queue.SimpleQueue] = {c: queue.SimpleQueue() for c in pipes}
+
+    def run(self) -> None:
+        try:
+            while self.pending:
+                for c in wait(self.pending):
+                    got = _recv(c)
+                    if _is_progress(got):
+                        self.tally.heard(c, got)
+                    else:
+                        self.pending.remove(c)
+                        self.replies[c].put(got)
+        except BaseException as exc:  # a worker died, or the build stopped: say so
+            for c in self.pending:
+                self.replies[c].put(exc)
 
     def reply(self, c: Connection) -> Any:
-        """The worker's next message that is not progress."""
-        if c in self.early:
-            return self.early.pop(c)
-        while True:
-            got = _recv(c)
-            if not _is_progress(got):
-                return got
-            self.heard(c, got)
+        got = self.replies[c].get()
+        if isinstance(got, BaseException):
+            raise got
+        return got
 
 
 def _is_progress(got: Any) -> bool:
@@ -634,16 +648,14 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         # in first-seen order (as the sequential path reads them), placed with the
         # offsets; then the workers split their requests' TPOT over them
         state.process_version += 1
+        listener = _Listener(tally, pipes)
+        listener.start()
         merged = StepParts()
-        for i, tid in enumerate(kept):
+        for tid in kept:
             if tid in mine:
                 merged.merge(mine.pop(tid), lambda r: resources[idx._res_key[_key(r)]], own=True)
-            if i % 4096 == 0:
-                tally.drain()  # the workers' analysis goes on meanwhile: say so
         placed = merged.placed(idx._used(label), applied)  # uses the parts up
-        tally.drain()
         idx._keep_steps(placed, idx._steps_key(applied), write=True)
-        tally.drain()
         idx._write_skew()  # the evidence the offsets were made from, for the next opening
         del merged
         _trim()
@@ -655,7 +667,7 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         WORKER_PEAK_KB.clear()
         WORKER_CPU.clear()
         for c in pipes:
-            rows_blob, tpots_blob, peak, times = tally.reply(c)
+            rows_blob, tpots_blob, peak, times = listener.reply(c)
             rows, tpots = marshal.loads(rows_blob), marshal.loads(tpots_blob)
             del rows_blob, tpots_blob
             WORKER_PEAK_KB.append(peak)
