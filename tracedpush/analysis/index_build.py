@@ -21,6 +21,12 @@ from the stored spans when asked for, `AnalysisIndex._load_results`). Each side 
 the heap's free pages back after its big phases (`_trim`): the build's memory is what
 the processes hold at once.
 
+How far the build is goes to `AnalysisIndex.progress` when it is set (`report`'s line,
+the console's page): the workers send their counts (bytes read, traces stored, traces
+analysed) at most twice a second over their pipes (`_Report`); the parent sums them
+(`_Tally`), in its second phase through a thread that alone reads the pipes while the
+parent joins the engine steps (`_Listener`).
+
 Everything counted per line (lines, documents, malformed lines) is counted by worker 0;
 spans by the worker of their shard. Lines that are not plain OTLP JSON (another shape, a
 bad line) go through `otlp.Decoder` in every worker, each keeping its own shard. Files
