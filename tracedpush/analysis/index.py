@@ -77,8 +77,6 @@ from tracedpush.analysis.index_store import (
     load_result,
     open_span_db,
     pack,
-    remove_db,
-    remove_span_db,
     shard_of,
     unpack,
     wal,
@@ -187,8 +185,8 @@ def _code_digest() -> str:
 
 
 def own_files(directory: Path) -> list[Path]:
-    """The files an index keeps in `directory` that are there (what `_reset` deletes;
-    `index_cache` removes nothing else)."""
+    """The files an index keeps in `directory` that are there: what `_reset` deletes,
+    and all `index_cache` removes."""
     names = [directory / _DB, *(directory / f"spans-{s}.sqlite" for s in range(SHARDS))]
     files = [f for db in names for f in db_files(db)]
     files += [directory / name for name in _FILES.values()]
@@ -417,11 +415,8 @@ class AnalysisIndex:
         traces took 4-7 s; and a cold build interrupted leaves span databases written
         without a journal, `index_store.open_span_db`)."""
         self._close_dbs()
-        remove_db(self.dir / _DB)
-        for name in _FILES.values():
-            (self.dir / name).unlink(missing_ok=True)
-        for shard in range(SHARDS):
-            remove_span_db(self.dir, shard)
+        for f in own_files(self.dir):
+            f.unlink(missing_ok=True)
         self._state = _State(self._path_key())
         self._kept = {}
         self._steps = None

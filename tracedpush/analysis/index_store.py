@@ -78,7 +78,7 @@ def open_span_db(
     no journal and no syncs (each page is written once, not to the WAL and again to the
     database: a build's workers spent a third less system time). A build that fails or
     is killed leaves a file nothing trusts: the index has no state then, and `_reset`
-    deletes the file (`remove_span_db`)."""
+    deletes the file (`index.own_files`)."""
     db = sqlite3.connect(directory / f"spans-{shard}.sqlite", check_same_thread=not threads)
     if bulk:
         db.execute("PRAGMA journal_mode=OFF")
@@ -115,16 +115,6 @@ _DB_SUFFIXES = ("", "-wal", "-shm", "-journal")
 def db_files(path: Path) -> list[Path]:
     """One SQLite database's file with its WAL, shared-memory and journal files."""
     return [path.with_name(path.name + suffix) for suffix in _DB_SUFFIXES]
-
-
-def remove_db(path: Path) -> None:
-    """Delete one SQLite database with its WAL, shared-memory and journal files."""
-    for f in db_files(path):
-        f.unlink(missing_ok=True)
-
-
-def remove_span_db(directory: Path, shard: int) -> None:
-    remove_db(directory / f"spans-{shard}.sqlite")
 
 
 def _fields(cls: type) -> list[str]:
