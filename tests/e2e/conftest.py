@@ -82,6 +82,8 @@ class Stopped:
     ports: list[int]
     bound_after: list[int]  # of its ports, bound afterwards (must be empty)
     report: TeardownReport
+    engine_tmp_files: int = 0  # files in the engines' temp directory before
+    engine_tmp_after: bool = False  # that directory still there afterwards (must not be)
 
     @property
     def clean(self) -> bool:
@@ -148,9 +150,18 @@ class PDSession:
             return None
         pids = d.member_pids()
         ports = list(d.ports())
+        where = d.engine_tmp
+        files = len(list(where.iterdir())) if where else 0
         report = d.stop()
         record = Stopped(
-            d.mode, pids, [p for p in pids if alive(p)], ports, busy_ports(ports), report
+            d.mode,
+            pids,
+            [p for p in pids if alive(p)],
+            ports,
+            busy_ports(ports),
+            report,
+            files,
+            bool(where and where.exists()),
         )
         self.stopped.append(record)
         return record

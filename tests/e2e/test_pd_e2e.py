@@ -10,14 +10,17 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tracedpush.bench.workload import PromptMaker, run_workload
+from tracedpush.launcher import engine_tmp
 from tracedpush.launcher.metrics import (
     EXTERNAL_KV_COUNTER,
     external_kv_prompt_tokens,
@@ -196,7 +199,9 @@ def test_concurrent_mixed_workload_every_request_crosses(pd, mode):
 
 @pytest.mark.pd("pull")
 def test_switching_mode_stopped_push_cleanly(pd, pd_session):
-    """The push deployment (stopped to start pull) left no process and no bound port."""
+    """The push deployment (stopped to start pull) left no process, no bound port and
+    none of vLLM's temp files (its sockets, torch's file store: in the engines' own
+    directory, removed)."""
     push = [s for s in pd_session.stopped if s.mode == "push"]
     if not push:
         pytest.skip("no push deployment ran in this session")
@@ -205,6 +210,9 @@ def test_switching_mode_stopped_push_cleanly(pd, pd_session):
     assert len(record.pids_before) >= 7, record
     assert record.alive_after == [], record
     assert record.bound_after == [] and record.report.clean, record
+    # per engine, vLLM's sockets (API server <-> EngineCore) and torch's file store, all
+    # in the engines' own directory; each engine start left them in /tmp before
+    assert record.engine_tmp_files >= 4 and not record.engine_tmp_after, record
 
 
 @pytest.mark.e2e
@@ -259,5 +267,7 @@ def test_up_serves_then_ctrl_c_leaves_nothing(tmp_path):
             up.kill()
     assert up.returncode == 0, "".join(output) + rest
     assert "no process left, ports free" in rest, rest
+    # vLLM's temp files went with the directory the engines were given
+    assert not list(Path(tempfile.gettempdir()).glob(f"{engine_tmp.PREFIX}{up.pid}-*"))
     assert [pid for pid in seen if alive(pid)] == []
     assert busy_ports(ports.values()) == []

@@ -108,14 +108,6 @@ def test_bad_flags_stop_before_listening():
     assert out.returncode == 2 and "nothing to collect" in out.stderr
 
 
-@pytest.fixture
-def model(tmp_path: Path) -> Path:
-    d = tmp_path / "tiny"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
-    return d
-
-
 def test_up_collect_wires_every_process_to_the_collector(model: Path, tmp_path: Path):
     import argparse
 

@@ -118,14 +118,6 @@ def reports(out: Path) -> list[dict]:
 
 
 @pytest.fixture
-def model(tmp_path: Path) -> Path:
-    d = tmp_path / "tiny"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
-    return d
-
-
-@pytest.fixture
 def run(tmp_path: Path):
     """Start a ManagedProcess with a stand-in script instead of its command line."""
     started: list[ManagedProcess] = []

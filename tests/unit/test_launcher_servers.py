@@ -12,14 +12,6 @@ import pytest
 from tracedpush.launcher import Deployment, DeploymentConfig, LaunchError, servers
 
 
-@pytest.fixture
-def model(tmp_path: Path) -> Path:
-    d = tmp_path / "tiny"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
-    return d
-
-
 def _arg(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 

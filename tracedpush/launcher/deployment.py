@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tracedpush.launcher import servers
+from tracedpush.launcher import engine_tmp, servers
 from tracedpush.launcher.affinity import CORES_ENV, engine_cores
 from tracedpush.launcher.processes import (
     EnginesLock,
@@ -156,6 +156,8 @@ class Deployment:
         self.processes: list[ManagedProcess] = []
         self.teardown: TeardownReport | None = None
         self.startup_seconds: float | None = None
+        # the engines' TMPDIR (`engine_tmp`): made as they start, removed at the stop
+        self.engine_tmp: Path | None = None
         c = self.config
         ncpu = os.cpu_count() or 1
         on_cpu = c.platform == "cpu"  # one core per engine; a GPU engine is not pinned
@@ -322,6 +324,8 @@ class Deployment:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if c.trace:
             self.traces_dir.mkdir(parents=True, exist_ok=True)
+        if self.engine_tmp is None:
+            self.engine_tmp = engine_tmp.make()
         t0 = time.monotonic()
         if c.collect:  # first: the engines export to it from their first span
             collect, env = self.collect_process()
@@ -378,8 +382,10 @@ class Deployment:
             kv_extra_config=c.kv_extra_config,
             kv_buffer_device=c.kv_buffer_device or "cpu",
         )
+        env = servers.engine_env(e, platform=c.platform or "cpu")
         env = {
-            **servers.engine_env(e, platform=c.platform or "cpu"),
+            **env,
+            **engine_tmp.env(self.engine_tmp, env),
             **self._otlp_env(),
             **c.env,
         }
@@ -499,6 +505,9 @@ class Deployment:
             report = stop_all(self.processes, grace=self.config.stop_grace, log=self.log)
             self.processes = []
             self.teardown = report
+            if self.engine_tmp is not None and report.clean:  # else in use: a later sweep
+                engine_tmp.remove(self.engine_tmp)
+                self.engine_tmp = None
             if report.clean:
                 self.log(f"stopped in {report.seconds:.1f}s; no process left, ports free")
             else:
