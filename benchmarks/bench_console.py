@@ -172,13 +172,27 @@ def _summary(visits: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
 def _browser(directory: Path, repeats: int) -> dict[str, dict[str, float]]:
     """Chromium against `streamlit run`: every page load is a new Streamlit session."""
     from tracedpush.testing import browser
-    from tracedpush.testing.console_server import ConsoleServer
 
     missing = browser.available()
     if missing:
         return {"skipped": {"reason": f"needs {missing}"}}  # type: ignore[dict-item]
+    # the server's log, gone with the run; shown if the run fails
+    with tempfile.TemporaryDirectory(prefix="tracedpush-bench-console-") as tmp:
+        log = Path(tmp) / "server.log"
+        try:
+            return _browse(directory, repeats, log)
+        except BaseException:
+            if log.exists():
+                tail = log.read_text(errors="replace").splitlines()[-40:]
+                print("--- the console server's log ---", *tail, sep="\n", file=sys.stderr)
+            raise
+
+
+def _browse(directory: Path, repeats: int, log: Path) -> dict[str, dict[str, float]]:
+    from tracedpush.testing import browser
+    from tracedpush.testing.console_server import ConsoleServer
+
     out: dict[str, dict[str, float]] = {}
-    log = Path(tempfile.mkdtemp(prefix="tracedpush-bench-console-")) / "server.log"
     started = time.perf_counter()
     with ConsoleServer(["--traces", str(directory)], timeout=120, log_path=log) as server:
         print(server.wait_ready(timeout=1800), flush=True)  # `console.server`'s warm-up
