@@ -181,6 +181,13 @@ def run(args: argparse.Namespace) -> int:
     if args.jaeger and args.index_dir:
         print("tracedpush console: --index-dir is for trace files, not --jaeger", file=sys.stderr)
         raise SystemExit(2)
+    from tracedpush.analysis import index_cache  # (not at import: `--help` stays quick)
+
+    try:
+        index_cache.max_size()  # checked before anything starts, not after a build
+    except ValueError as exc:
+        print(f"tracedpush console: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     for path in [*(args.traces or ()), *([args.bench] if args.bench else [])]:
         if not Path(path).expanduser().exists():
             # Still serve: the app says so and picks the traces up once they appear.

@@ -26,7 +26,7 @@ import pandas as pd
 
 from tracedpush import analysis
 from tracedpush import semconv as sc
-from tracedpush.analysis import build_progress, index_child
+from tracedpush.analysis import build_progress, index_cache, index_child
 from tracedpush.analysis import index as index_mod
 from tracedpush.analysis.results import LazySteps, made_with
 from tracedpush.console import selection
@@ -577,9 +577,12 @@ class Feed:
                         failed = self._build_in_child(paths, where)
                         if failed:
                             log.warning("%s; building it in this process", failed)
+                    cold = idx.needs_build()  # (the child's build removed what it had to)
                     started = time.perf_counter()
                     idx.update(reanalyse_at_most=REANALYSE_PER_REFRESH)
                     self.analysis_seconds = time.perf_counter() - started
+                    if cold:
+                        index_cache.after_build(idx.dir, log.warning)
                     self._index, self._store = idx, idx
                     return
                 except (OSError, sqlite3.Error) as exc:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tracedpush.analysis import index_cache as cache
-from tracedpush.analysis import skew
+from tracedpush.analysis import index_child, skew
 from tracedpush.analysis.index import AnalysisIndex, default_dir
 from tracedpush.cli import main
 from tracedpush.testing import synthetic
@@ -220,3 +220,57 @@ def test_sizes() -> None:
     with pytest.raises(ValueError):
         cache.parse_size("-1G")
     assert cache.human_bytes(2_048_000_000) == "2.0 GB"
+
+
+def test_a_build_keeps_the_root_under_its_cap(
+    tmp_path: Path, root: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRACEDPUSH_INDEX_MAX_SIZE: each build under the root removes the least recently
+    used others until the root fits (`tracedpush report`'s build and the console's build
+    child alike), never the one it built; without a cap, or for an index elsewhere,
+    nothing goes."""
+    old, mid = _run(tmp_path, "old", seed=1), _run(tmp_path, "mid", seed=2)
+    _age(default_dir([old]), 3 * DAY)
+    _age(default_dir([mid]), 2 * DAY)
+    size = cache.describe(default_dir([mid])).bytes
+    new = _run(tmp_path, "new", seed=3)  # no cap yet: all three stay
+    assert all(default_dir([d]).exists() for d in (old, mid, new))
+
+    # room for three and a half: the build of a fourth removes the oldest of the others
+    monkeypatch.setenv("TRACEDPUSH_INDEX_MAX_SIZE", str(int(size * 3.5)))
+    capsys.readouterr()
+    fourth = _run(tmp_path, "fourth", seed=4)
+    err = capsys.readouterr().err
+    assert f"removed the index {default_dir([old])} (over TRACEDPUSH_INDEX_MAX_SIZE=" in err
+    assert not default_dir([old]).exists()
+    assert all(default_dir([d]).exists() for d in (mid, new, fourth)), err
+    assert sum(i.bytes for i in cache.scan(root)) <= size * 3.5
+
+    # the console's build child does the same; a cap below one index keeps only its own
+    monkeypatch.setenv("TRACEDPUSH_INDEX_MAX_SIZE", "1")
+    fifth = tmp_path / "fifth"
+    synthetic.generate(6, seed=5).write(fifth)
+    assert index_child.main([str(fifth)]) == 0
+    assert "over TRACEDPUSH_INDEX_MAX_SIZE=1 B" in capsys.readouterr().err
+    only = [default_dir([fifth])]
+    assert [i.path for i in cache.scan(root)] == only
+
+    # an index beside its traces is not the root's: the cap leaves the root alone
+    monkeypatch.delenv("TRACEDPUSH_INDEX_ROOT")
+    _run(tmp_path, "beside", seed=6)
+    assert [i.path for i in cache.scan(root)] == only
+
+
+def test_a_cap_that_does_not_parse_stops_before_anything_starts(
+    tmp_path: Path, root: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = tmp_path / "run"
+    synthetic.generate(4, seed=1).write(d)
+    monkeypatch.setenv("TRACEDPUSH_INDEX_MAX_SIZE", "lots")
+    assert main(["report", "--traces", str(d), "--index"]) == 2
+    assert "TRACEDPUSH_INDEX_MAX_SIZE='lots': bad size" in capsys.readouterr().err
+    assert not root.exists()  # no index was built
+    with pytest.raises(SystemExit) as exc:
+        main(["console", "--traces", str(d)])
+    assert exc.value.code == 2
+    assert "tracedpush console: TRACEDPUSH_INDEX_MAX_SIZE='lots'" in capsys.readouterr().err

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TextIO
 
 from tracedpush import envs, tuning
+from tracedpush.analysis import index_cache
 from tracedpush.analysis.analyze import analyze
 from tracedpush.analysis.bench import join, render_bench
 from tracedpush.analysis.bench_results import BenchFormatError, BenchResult, load_results
@@ -344,6 +345,9 @@ def _update(idx: AnalysisIndex) -> RunAnalysis:
         f"in {took:.1f} s; later reports read it warm",
         file=sys.stderr,
     )
+    index_cache.after_build(
+        idx.dir, lambda line: print(f"tracedpush report: {line}", file=sys.stderr)
+    )
     return result
 
 
@@ -358,6 +362,10 @@ def run(args: argparse.Namespace) -> int:
         return _error("--request-id-prefix needs --bench")
     if args.since is not None and args.until is not None and args.since >= args.until:
         return _error(f"--since {_utc(args.since)} is not before --until {_utc(args.until)}")
+    try:
+        index_cache.max_size()  # checked before anything starts, not after a build
+    except ValueError as exc:
+        return _error(str(exc))
     kwargs = {}
     if args.buckets:
         kwargs["buckets"] = args.buckets

@@ -14,6 +14,11 @@ Which indexes are worth nothing as they stand (``prune``'s default):
 An index that a process on this host has open (a console following a run, a build in
 progress) is never removed: Linux's ``/proc`` says which; elsewhere only the age rules
 protect it.
+
+With ``TRACEDPUSH_INDEX_MAX_SIZE`` set, the root is kept under that size without anyone
+running ``prune``: each index built there removes, as it ends, the worthless ones and
+then the least recently used others until the root fits (`keep_under_cap`), never
+itself.
 """
 
 from __future__ import annotations
@@ -22,10 +27,11 @@ import os
 import pickle
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tracedpush import envs
 from tracedpush.analysis.index import _DB, INDEX_DIRNAME, format_key, own_files
 
 # an index without a saved state, untouched this long, is a build that died
@@ -129,10 +135,12 @@ def select(
     older_than_s: float | None = None,
     max_bytes: int | None = None,
     now: float | None = None,
+    cap_name: str = "--max-size",
 ) -> list[tuple[IndexInfo, str]]:
     """The indexes to remove, each with why: the worthless ones (module docstring),
     those unused for `older_than_s`, then the least recently used until the rest fit in
-    `max_bytes`; or all (`everything`). Never one a process has open."""
+    `max_bytes` (`cap_name` in the why); or all (`everything`). Never one a process has
+    open."""
     now = time.time() if now is None else now
     chosen: list[tuple[IndexInfo, str]] = []
     kept: list[IndexInfo] = []
@@ -149,9 +157,52 @@ def select(
                 break
             if i.in_use_by:
                 continue
-            chosen.append((i, f"over --max-size ({human_bytes(total)} kept)"))
+            chosen.append((i, f"over {cap_name} ({human_bytes(total)} kept)"))
             total -= i.bytes
     return chosen
+
+
+def max_size() -> int | None:
+    """``TRACEDPUSH_INDEX_MAX_SIZE`` in bytes, None when unset (ValueError naming the
+    variable when it does not parse: the commands check it as they start)."""
+    text = envs.env_str(envs.INDEX_MAX_SIZE)
+    if text is None:
+        return None
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise ValueError(f"{envs.INDEX_MAX_SIZE}={text!r}: {exc}") from None
+
+
+def keep_under_cap(current: Path) -> list[tuple[IndexInfo, str, int]]:
+    """After index `current` was built: when it is under ``TRACEDPUSH_INDEX_ROOT`` and
+    ``TRACEDPUSH_INDEX_MAX_SIZE`` is set, remove what ``prune --max-size`` would (the
+    worthless, then the least recently used until the root fits), never `current` nor
+    one in use; each removed index, why, and the bytes freed."""
+    cap, root = max_size(), envs.env_str(envs.INDEX_ROOT)
+    if cap is None or root is None:
+        return []
+    here = current.resolve()
+    if here.parent != Path(root).expanduser().resolve():
+        return []  # an index elsewhere (beside its traces, --index-dir): not the root's
+    infos = scan(here.parent)
+    for i in infos:
+        if i.path.resolve() == here:
+            i.in_use_by = i.in_use_by or [f"{os.getpid()} (this build)"]
+    cap_name = f"{envs.INDEX_MAX_SIZE}={human_bytes(cap)}"
+    return [(i, why, remove(i)) for i, why in select(infos, max_bytes=cap, cap_name=cap_name)]
+
+
+def after_build(current: Path, say: Callable[[str], None]) -> None:
+    """`keep_under_cap` as a build of `current` ends, each removal (or why none could be
+    made) said through `say`; never raises: the new index is built and good."""
+    try:
+        gone = keep_under_cap(current)
+    except (OSError, sqlite3.Error, ValueError) as exc:
+        say(f"the indexes under ${envs.INDEX_ROOT} were not kept under the cap: {exc}")
+        return
+    for info, why, freed in gone:
+        say(f"removed the index {info.path} ({why}; {human_bytes(freed)})")
 
 
 def remove(info: IndexInfo) -> int:

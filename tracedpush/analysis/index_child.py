@@ -97,9 +97,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         idx.progress = BuildProgress(sys.stderr, prefix=PROGRESS_PREFIX, tty=False, every=True)
     try:
+        cold = idx.needs_build()
         idx.update()
     finally:
         idx.close()
+    if cold:
+        from tracedpush.analysis import index_cache
+
+        index_cache.after_build(idx.dir, lambda line: print(line, file=sys.stderr))
     return 0
 
 

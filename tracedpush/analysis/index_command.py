@@ -26,6 +26,8 @@ removes it.
 Removing an index loses nothing but time: the next report or console of its traces
 builds it again. Only the index's own files are deleted; an index a process on this
 host has open (a console following a run, a build under way) is never removed.
+With ${envs.INDEX_MAX_SIZE} set (e.g. 50G), every build under the root prunes it to
+that size as it ends (as `prune --max-size`), never the index it built.
 
 examples:
   tracedpush index list
