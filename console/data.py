@@ -521,6 +521,9 @@ class Feed:
         self.index_unavailable = ""  # trace files read without an index: why, and what to do
         # while a cold index build runs in its child: how far it is (a page shows it)
         self.building: str | None = None
+        # while a visit loads the source (`snapshot`: the build, then opening the index
+        # and the first analysis): since when (time.monotonic()), for the others' pages
+        self.loading_since: float | None = None
 
     def _analyse(self) -> Snapshot:
         started = time.perf_counter()
@@ -615,6 +618,7 @@ class Feed:
             return snap
         with self._work:
             if self._snapshot is None:
+                self.loading_since = time.monotonic()
                 try:
                     self._open()
                     self._snapshot = self._analyse()
@@ -623,6 +627,8 @@ class Feed:
                 except Exception as exc:  # a bad source must not become a traceback
                     log.exception("loading %s failed", self.source.label)
                     raise _describe(self.source, exc) from exc
+                finally:
+                    self.loading_since = None
                 self.last_refresh = time.time()
             return self._snapshot
 

@@ -25,7 +25,7 @@ SOURCE_KEY = "source"  # session state: a Source chosen in the sidebar
 BENCH_KEY = "bench"  # session state: benchmark results typed on the Sweep page
 TIMELINE_PAGE = "views/timeline.py"
 AUTO_REFRESH_S = 10.0
-BUILD_POLL_S = 0.5  # how often a page waiting for the index build says how far it is
+BUILD_POLL_S = 0.5  # how often a page waiting for another visit's load says how far it is
 
 
 def current_source() -> Source:
@@ -53,15 +53,23 @@ def show_error(err: data.SourceError) -> None:
     (st.info if err.level == "info" else st.warning)(str(err))
 
 
-def _wait_for_build(feed: data.Feed) -> None:
-    """While the run's first index build goes on (a minute at 200,000 requests), say how
-    far it is instead of a bare spinner; the page draws once it is done."""
-    if not feed.building:
+def _wait_for_load(feed: data.Feed) -> None:
+    """While another visit (or the server's warm-up) loads the run, say what it is doing
+    instead of a bare spinner: how far the first index build is (a minute at 200,000
+    requests), then for how long the index has been opening; the page draws once it is
+    done. (Only another thread's load is waited for: this one's starts after.)"""
+    if feed.building is None and feed.loading_since is None:
         return
     box = st.empty()
-    while (line := feed.building) is not None:
-        box.info(f"Building the analysis index of this run (once; later visits open it "
-                 f"warm): {line}", icon="⏳")  # fmt: skip
+    while True:
+        line, since = feed.building, feed.loading_since
+        if line is not None:
+            box.info(f"Building the analysis index of this run (once; later visits open it "
+                     f"warm): {line}", icon="⏳")  # fmt: skip
+        elif since is not None:
+            box.info(f"Opening this run's analysis: {time.monotonic() - since:.0f} s", icon="⏳")
+        else:
+            break
         time.sleep(BUILD_POLL_S)
     box.empty()
 
@@ -70,7 +78,7 @@ def _fresh_snapshot() -> data.Snapshot:
     """The current source's analysis, refreshed at most every ``AUTO_REFRESH_S`` (at once
     while there is nothing yet); raises `data.SourceError`."""
     feed = data.feed(current_source())
-    _wait_for_build(feed)
+    _wait_for_load(feed)
     snap = feed.snapshot()
     if not snap.run.requests or time.time() - feed.last_refresh > AUTO_REFRESH_S:
         feed.tick()

@@ -160,3 +160,26 @@ def test_a_page_waits_for_the_build_then_draws(
     assert not at.exception
     assert [t.value for t in at.title] == ["Push vs pull"]  # the page drew
     assert not [i for i in at.info if "Building the analysis index" in i.value]  # emptied
+
+
+def test_a_page_waits_for_another_visits_load_then_draws(
+    traces: Path, app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A visitor who comes while another visit (or the server's warm-up) opens the run's
+    index: the page says for how long it has been opening, waits, then draws."""
+    import threading
+    import time
+
+    source = Source.traces([str(traces)])
+    feed = data.Feed(source)
+    monkeypatch.setitem(data._feeds, source, feed)
+    feed.loading_since = time.monotonic()
+    done = threading.Timer(1.0, lambda: setattr(feed, "loading_since", None))
+    done.start()
+    started = time.perf_counter()
+    at = app(traces=traces)
+    assert time.perf_counter() - started >= 1.0  # it waited for the other load
+    assert not at.exception
+    assert [t.value for t in at.title] == ["Push vs pull"]
+    assert not [i for i in at.info if "Opening this run's analysis" in i.value]  # emptied
+    assert feed.loading_since is None  # its own load (after the wait) cleared it too
