@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tracedpush.launcher import engine_tmp
 from tracedpush.launcher.processes import (
     ManagedProcess,
     busy_ports,
@@ -129,6 +130,10 @@ def test_readme_own_deployment_gives_complete_traces(tmp_path: Path):
                 health_url=f"http://127.0.0.1:{port}/health",
             )
         )
+    # the engines' temp files (vLLM's sockets, torch's file store) in a directory of the
+    # test's, as `tracedpush up` gives its engines: a user's shell leaves them in /tmp
+    tmp = engine_tmp.make()
+    env.update(engine_tmp.env(tmp, env))
     t0 = time.monotonic()
     try:
         for proc in procs[:2]:
@@ -189,4 +194,6 @@ def test_readme_own_deployment_gives_complete_traces(tmp_path: Path):
         )
     finally:
         report = stop_all(procs, grace=15.0)
+        if tmp is not None and report.clean:
+            engine_tmp.remove(tmp)
     assert report.clean, f"README processes left behind: {report}"
