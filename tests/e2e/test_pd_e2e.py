@@ -259,6 +259,9 @@ def test_up_serves_then_ctrl_c_leaves_nothing(tmp_path):
         )
         assert out["usage"]["completion_tokens"] == 5 and out["chunks"] >= 1
         assert_kv_crossed("http://127.0.0.1:18200", before, out["usage"]["prompt_tokens"])
+        # the engines' temp files (vLLM's sockets, ...) are in the launcher's own directory
+        during = list(Path(tempfile.gettempdir()).glob(f"{engine_tmp.PREFIX}{up.pid}-*"))
+        assert len(during) == 1 and any(during[0].iterdir()), during
 
         up.send_signal(signal.SIGINT)
         rest, _ = up.communicate(timeout=120)

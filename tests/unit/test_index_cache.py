@@ -245,6 +245,9 @@ def test_a_build_keeps_the_root_under_its_cap(
     assert not default_dir([old]).exists()
     assert all(default_dir([d]).exists() for d in (mid, new, fourth)), err
     assert sum(i.bytes for i in cache.scan(root)) <= size * 3.5
+    assert _json(capsys)["max_size"] == int(size * 3.5)  # `index list` says the cap
+    assert main(["index", "list"]) == 0
+    assert "(kept under " in capsys.readouterr().out.splitlines()[-1]
 
     # the console's build child does the same; a cap below one index keeps only its own
     monkeypatch.setenv("TRACEDPUSH_INDEX_MAX_SIZE", "1")
@@ -274,3 +277,6 @@ def test_a_cap_that_does_not_parse_stops_before_anything_starts(
         main(["console", "--traces", str(d)])
     assert exc.value.code == 2
     assert "tracedpush console: TRACEDPUSH_INDEX_MAX_SIZE='lots'" in capsys.readouterr().err
+    root.mkdir()
+    assert main(["index", "list"]) == 2
+    assert "tracedpush index: TRACEDPUSH_INDEX_MAX_SIZE='lots'" in capsys.readouterr().err

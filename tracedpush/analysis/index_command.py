@@ -94,8 +94,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace, root: Path, infos: list[cache.IndexInfo]) -> int:
+    try:
+        cap = _cap(root)
+    except ValueError as exc:
+        print(f"tracedpush index: {exc}", file=sys.stderr)
+        return 2
     if args.json:
-        json.dump({"root": str(root), "indexes": [_doc(i) for i in infos]}, sys.stdout, indent=1)
+        doc = {"root": str(root), "max_size": cap, "indexes": [_doc(i) for i in infos]}
+        json.dump(doc, sys.stdout, indent=1)
         print()
         return 0
     if not infos:
@@ -116,8 +122,18 @@ def _list(args: argparse.Namespace, root: Path, infos: list[cache.IndexInfo]) ->
     widths = [max(len(r[c]) for r in rows) for c in range(4)]
     for r in rows:
         print("  ".join(r[c].ljust(widths[c]) for c in range(4)) + "  " + r[4])
-    print(f"{_count(infos)} under {root}")
+    capped = f" (kept under {cache.human_bytes(cap)}: ${envs.INDEX_MAX_SIZE})" if cap else ""
+    print(f"{_count(infos)} under {root}{capped}")
     return 0
+
+
+def _cap(root: Path) -> int | None:
+    """The size cap the builds keep `root` under: ${INDEX_MAX_SIZE} when `root` is
+    ${INDEX_ROOT} (None otherwise, or unset)."""
+    env_root = envs.env_str(envs.INDEX_ROOT)
+    if env_root is None or Path(env_root).expanduser().resolve() != root:
+        return None
+    return cache.max_size()
 
 
 def _prune(args: argparse.Namespace, root: Path, infos: list[cache.IndexInfo]) -> int:
