@@ -174,17 +174,26 @@ def max_size() -> int | None:
         raise ValueError(f"{envs.INDEX_MAX_SIZE}={text!r}: {exc}") from None
 
 
+def cap_of(root: Path) -> int | None:
+    """The size the builds keep directory `root` (resolved) under: ``TRACEDPUSH_INDEX_MAX_SIZE``
+    when `root` is ``TRACEDPUSH_INDEX_ROOT``, else None (an index beside its traces or
+    in --index-dir is not the root's); ValueError as `max_size`. `tracedpush index list`
+    shows it."""
+    env_root = envs.env_str(envs.INDEX_ROOT)
+    if env_root is None or Path(env_root).expanduser().resolve() != root:
+        return None
+    return max_size()
+
+
 def keep_under_cap(current: Path) -> list[tuple[IndexInfo, str, int]]:
-    """After index `current` was built: when it is under ``TRACEDPUSH_INDEX_ROOT`` and
-    ``TRACEDPUSH_INDEX_MAX_SIZE`` is set, remove what ``prune --max-size`` would (the
-    worthless, then the least recently used until the root fits), never `current` nor
-    one in use; each removed index, why, and the bytes freed."""
-    cap, root = max_size(), envs.env_str(envs.INDEX_ROOT)
-    if cap is None or root is None:
-        return []
+    """After index `current` was built: when its directory's root has a cap (`cap_of`),
+    remove what ``prune --max-size`` would (the worthless, then the least recently used
+    until the root fits), never `current` nor one in use; each removed index, why, and
+    the bytes freed."""
     here = current.resolve()
-    if here.parent != Path(root).expanduser().resolve():
-        return []  # an index elsewhere (beside its traces, --index-dir): not the root's
+    cap = cap_of(here.parent)
+    if cap is None:
+        return []
     infos = scan(here.parent)
     for i in infos:
         if i.path.resolve() == here:

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace, root: Path, infos: list[cache.IndexInfo]) -> int:
     try:
-        cap = _cap(root)
+        cap = cache.cap_of(root)
     except ValueError as exc:
         print(f"tracedpush index: {exc}", file=sys.stderr)
         return 2
@@ -125,15 +125,6 @@ def _list(args: argparse.Namespace, root: Path, infos: list[cache.IndexInfo]) ->
     capped = f" (kept under {cache.human_bytes(cap)}: ${envs.INDEX_MAX_SIZE})" if cap else ""
     print(f"{_count(infos)} under {root}{capped}")
     return 0
-
-
-def _cap(root: Path) -> int | None:
-    """The size cap the builds keep `root` under: ${INDEX_MAX_SIZE} when `root` is
-    ${INDEX_ROOT} (None otherwise, or unset)."""
-    env_root = envs.env_str(envs.INDEX_ROOT)
-    if env_root is None or Path(env_root).expanduser().resolve() != root:
-        return None
-    return cache.max_size()
 
 
 def _prune(args: argparse.Namespace, root: Path, infos: list[cache.IndexInfo]) -> int:
