@@ -83,6 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="127.0.0.1",
         help="address to listen on (default 127.0.0.1; 0.0.0.0 to expose it)",
     )
+    tuning.add_arguments(parser)
 
 
 def streamlit_command(
@@ -188,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"tracedpush console: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    tuning.put_in_force(args)  # the server reads them from the environment, as it starts
     for path in [*(args.traces or ()), *([args.bench] if args.bench else [])]:
         if not Path(path).expanduser().exists():
             # Still serve: the app says so and picks the traces up once they appear.

@@ -524,6 +524,8 @@ class Feed:
         # while a visit loads the source (`snapshot`: the build, then opening the index
         # and the first analysis): since when (time.monotonic()), for the others' pages
         self.loading_since: float | None = None
+        # when a Live refresh that grew the index next checks the root's size cap
+        self._cap_next = 0.0
 
     def _analyse(self) -> Snapshot:
         started = time.perf_counter()
@@ -585,7 +587,7 @@ class Feed:
                     idx.update(reanalyse_at_most=REANALYSE_PER_REFRESH)
                     self.analysis_seconds = time.perf_counter() - started
                     if cold:
-                        index_cache.after_build(idx.dir, log.warning)
+                        index_cache.after_growth(idx.dir, log.warning)
                     self._index, self._store = idx, idx
                     return
                 except (OSError, sqlite3.Error) as exc:
@@ -650,6 +652,9 @@ class Feed:
                     redone = bool(behind and idx.last_reanalysed)  # catching up
                     if new or redone:
                         self.analysis_seconds = time.perf_counter() - started
+                    if new and time.monotonic() >= self._cap_next:  # it grew
+                        self._cap_next = time.monotonic() + index_cache.CAP_EVERY_S
+                        index_cache.after_growth(idx.dir, log.warning)
                 else:
                     new = int(self._store.refresh() or 0)
                 if new or redone:

@@ -145,8 +145,8 @@ def load_notes(snap: data.Snapshot) -> None:
     changed = tuning_changed()
     if changed:
         st.caption(
-            f"Analysis tuning not at its defaults: {', '.join(changed)}, from the environment "
-            "the console started in (`tracedpush console --help`)."
+            f"Analysis tuning not at its defaults: {', '.join(changed)}, from the flags or "
+            "the environment the console started with (`tracedpush console --help`)."
         )
     run = snap.run
     moved = [] if run is None else sorted(skew.outside(run.clock_offsets, run.clock_windows))

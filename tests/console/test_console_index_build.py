@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tracedpush.analysis import TraceStore, analyze, build_progress, index_child
+from tracedpush.analysis import TraceStore, analyze, build_progress, index_cache, index_child
 from tracedpush.analysis import index as index_mod
 from tracedpush.console import data
 from tracedpush.console.source import Source
@@ -183,3 +183,43 @@ def test_a_page_waits_for_another_visits_load_then_draws(
     assert [t.value for t in at.title] == ["Push vs pull"]
     assert not [i for i in at.info if "Opening this run's analysis" in i.value]  # emptied
     assert feed.loading_since is None  # its own load (after the wait) cleared it too
+
+
+def test_a_live_refresh_that_grows_the_index_keeps_the_root_under_its_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TRACEDPUSH_INDEX_MAX_SIZE holds while a console follows a growing run, not only
+    when it builds: a Live refresh that grew its index removes the least recently used
+    others once the root is over the cap, checking at most once a `CAP_EVERY_S`."""
+    root = tmp_path / "indexes"
+    monkeypatch.setenv("TRACEDPUSH_INDEX_ROOT", str(root))
+    old, live = tmp_path / "old", tmp_path / "live"
+    synthetic.generate(6, seed=1).write(old)
+    synthetic.generate(6, seed=2).write(live)
+    idx = index_mod.AnalysisIndex([old])
+    idx.update()
+    idx.close()
+    then = os.path.getmtime(idx.dir) - 3 * 86400
+    for f in idx.dir.iterdir():
+        os.utime(f, (then, then))
+    feed = data.Feed(Source.traces([str(live)]))
+    feed.snapshot()
+    total = sum(i.bytes for i in index_cache.scan(root))
+    monkeypatch.setenv("TRACEDPUSH_INDEX_MAX_SIZE", str(total + 4096))  # both fit, just
+    checks: list[Path] = []
+    after_growth = index_cache.after_growth
+    monkeypatch.setattr(
+        index_cache, "after_growth", lambda d, say: (checks.append(d), after_growth(d, say))
+    )
+    assert feed.refresh() == 0 and not checks  # nothing new: no check
+    for seed in (3, 4):  # the second growth comes within CAP_EVERY_S of the first
+        more = tmp_path / f"more-{seed}"
+        synthetic.generate(30, seed=seed).write(more)
+        for f in more.rglob("*.jsonl"):
+            with (live / f.relative_to(more)).open("ab") as out:
+                out.write(f.read_bytes())
+        with caplog.at_level("WARNING"):
+            assert feed.refresh() > 0
+    assert checks == [feed._index.dir]
+    assert f"removed the index {idx.dir} (over TRACEDPUSH_INDEX_MAX_SIZE=" in caplog.text
+    assert [i.path for i in index_cache.scan(root)] == [feed._index.dir]

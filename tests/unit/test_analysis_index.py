@@ -341,7 +341,7 @@ def test_build_reason_names_what_was_there(
     assert AnalysisIndex([d], index_dir=idx_dir).build_reason() == ""
     with monkeypatch.context() as m:  # as after an upgrade of the analysis code
         m.setattr(index_mod, "format_key", lambda: (index_mod.FORMAT, "other code"))
-        why = "the one there was made by another version of the analysis"
+        why = "the one there was made by another version of the analysis or other tuning"
         assert AnalysisIndex([d], index_dir=idx_dir).build_reason() == why
     biggest = max(d.rglob("*.jsonl"), key=lambda f: f.stat().st_size)
     biggest.write_bytes(biggest.read_bytes()[: biggest.stat().st_size // 2])  # rotated

@@ -280,3 +280,35 @@ def test_a_cap_that_does_not_parse_stops_before_anything_starts(
     root.mkdir()
     assert main(["index", "list"]) == 2
     assert "tracedpush index: TRACEDPUSH_INDEX_MAX_SIZE='lots'" in capsys.readouterr().err
+
+
+def _grow(traces: Path, tmp_path: Path, seed: int, n: int = 30) -> None:
+    """Append another run's spans (other trace ids) to the files of `traces`."""
+    more = tmp_path / f"more-{seed}"
+    synthetic.generate(n, seed=seed).write(more)
+    for f in more.rglob("*.jsonl"):
+        with (traces / f.relative_to(more)).open("ab") as out:
+            out.write(f.read_bytes())
+
+
+def test_a_report_that_grows_an_index_keeps_the_root_under_its_cap(
+    tmp_path: Path, root: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not only a build: a warm report that reads new spans into its index removes the
+    least recently used others when the root no longer fits; one that read nothing new
+    leaves them."""
+    old, live = _run(tmp_path, "old", seed=1), _run(tmp_path, "live", seed=2)
+    _age(default_dir([old]), 3 * DAY)
+    total = sum(i.bytes for i in cache.scan(root))
+    monkeypatch.setenv("TRACEDPUSH_INDEX_MAX_SIZE", str(total + 4096))  # both fit, just
+    capsys.readouterr()
+    assert main(["report", "--traces", str(live), "--out", str(tmp_path / "r.txt")]) == 0
+    assert "removed" not in capsys.readouterr().err
+    assert default_dir([old]).exists()
+
+    _grow(live, tmp_path, seed=3)
+    assert main(["report", "--traces", str(live), "--out", str(tmp_path / "r.txt")]) == 0
+    err = capsys.readouterr().err
+    assert "building" not in err  # warm: grown, not rebuilt
+    assert f"removed the index {default_dir([old])} (over TRACEDPUSH_INDEX_MAX_SIZE=" in err
+    assert [i.path for i in cache.scan(root)] == [default_dir([live])]

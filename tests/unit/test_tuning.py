@@ -131,3 +131,90 @@ def test_the_text_report_names_the_knobs_not_at_their_defaults(traces: Path) -> 
         "tuning: TRACEDPUSH_SKEW_WINDOWS=3 (default 12), "
         "TRACEDPUSH_TPOT_SOLO_EPOCH_S=2.5 (default 60)" in changed.stdout
     ), changed.stdout[:600]
+
+
+def _json(traces: Path, *flags: str, **env: str) -> dict:
+    got = _tracedpush("report", "--traces", str(traces), "--no-index", "--format", "json",
+                      *flags, **env)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    return json.loads(got.stdout)
+
+
+def test_flags_set_the_knobs_and_win_over_the_environment(traces: Path) -> None:
+    """``--skew-windows 2`` beside ``TRACEDPUSH_SKEW_WINDOWS=5``: 2 windows; the JSON
+    report says the values in force, which the flags set."""
+    both = _json(traces, "--skew-windows", "2", "--skew-min-window-s", "1",
+                 "--tpot-solo-epoch-s", "2.5", "--tpot-solo-min-steps", "3",
+                 TRACEDPUSH_SKEW_WINDOWS="5")  # fmt: skip
+    assert both["tuning"] == {
+        "skew_windows": 2,
+        "skew_min_window_s": 1.0,
+        "tpot_solo_epoch_s": 2.5,
+        "tpot_solo_min_steps": 3,
+    }
+    assert 0 < len(both["clock_offsets_over_time"]) <= 2
+    env_only = _json(traces, "--skew-min-window-s", "1", TRACEDPUSH_SKEW_WINDOWS="5")
+    assert env_only["tuning"]["skew_windows"] == 5
+    assert 2 < len(env_only["clock_offsets_over_time"]) <= 5
+
+
+def test_a_flag_makes_the_index_build_again(traces: Path, tmp_path: Path) -> None:
+    """An index is made with the values in force: a flag's, as a variable's."""
+    args = ("report", "--traces", str(traces), "--index", "--index-dir", str(tmp_path / "i"))
+    first, warm = _tracedpush(*args), _tracedpush(*args)
+    again = _tracedpush(*args, "--skew-windows", "3")
+    assert first.returncode == warm.returncode == again.returncode == 0, again.stderr
+    assert "building" not in warm.stderr, warm.stderr
+    why = "the one there was made by another version of the analysis or other tuning"
+    assert why in again.stderr, again.stderr
+    assert "tuning: TRACEDPUSH_SKEW_WINDOWS=3 (default 12)" in again.stdout
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--skew-windows", "0", "must be at least 1"),
+        ("--skew-min-window-s", "-5", "must be a positive number of seconds"),
+        ("--tpot-solo-epoch-s", "a minute", "is not a number"),
+        ("--tpot-solo-min-steps", "1.5", "is not an integer"),
+    ],
+)
+def test_a_bad_flag_stops_the_command_naming_it(
+    traces: Path, flag: str, value: str, says: str
+) -> None:
+    for command in ("report", "console"):
+        got = _tracedpush(command, "--traces", str(traces), flag, value)
+        assert got.returncode == 2 and f"argument {flag}: " in got.stderr, got.stderr
+        assert says in got.stderr and "Traceback" not in got.stderr, got.stderr
+
+
+def test_console_flags_reach_its_server(traces: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The console's server (a Streamlit process) reads the knobs from its environment as
+    it imports them: a flag given to `tracedpush console` is there. The server itself is
+    not started (a stand-in for `subprocess.Popen` keeps its environment): the console's
+    own tests run it (tests/console)."""
+    from tracedpush import cli, tuning
+    from tracedpush.console import command as console_command
+
+    seen: dict[str, str] = {}
+
+    class Server:
+        def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
+            seen.update(env)
+
+        def wait(self) -> int:
+            return 0
+
+    monkeypatch.setattr(console_command.subprocess, "Popen", Server)
+    # what the command sets is put back after the test (empty: as if unset)
+    for _name, env, _default, _what in tuning.KNOBS:
+        monkeypatch.setenv(env, "")
+    for knob in ("WINDOWS", "MIN_WINDOW_NS", "SOLO_EPOCH_NS", "SOLO_MIN_STEPS"):
+        monkeypatch.setattr(tuning, knob, getattr(tuning, knob))
+    monkeypatch.setenv("TRACEDPUSH_TPOT_SOLO_MIN_STEPS", "4")
+    argv = ["console", "--traces", str(traces), "--skew-windows", "3",
+            "--tpot-solo-epoch-s", "2.5"]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert seen["TRACEDPUSH_SKEW_WINDOWS"] == "3"
+    assert seen["TRACEDPUSH_TPOT_SOLO_EPOCH_S"] == "2.5"
+    assert seen["TRACEDPUSH_TPOT_SOLO_MIN_STEPS"] == "4"  # not given: the environment's

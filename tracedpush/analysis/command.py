@@ -32,7 +32,7 @@ from tracedpush.analysis.jaeger import parse_duration
 from tracedpush.analysis.load import FileSource, TraceStore
 from tracedpush.analysis.perfetto import write_perfetto
 from tracedpush.analysis.report import render
-from tracedpush.analysis.report_json import write_json
+from tracedpush.analysis.report_json import take_tuning, write_json
 from tracedpush.analysis.results import RunAnalysis
 
 
@@ -179,6 +179,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="--traces: read and analyse every span again, ignoring any analysis index",
     )
+    tuning.add_arguments(parser)
 
 
 def _when(text: str) -> float:
@@ -326,7 +327,10 @@ def _update(idx: AnalysisIndex) -> RunAnalysis:
     at 200,000 requests: the one slow report)."""
     reason = idx.build_reason()
     if not reason:
-        return idx.update()
+        result = idx.update()
+        if idx.last_new:  # it grew: the root's cap holds after growth as after a build
+            index_cache.after_growth(idx.dir, _say)
+        return result
     why = "" if reason == NO_INDEX_YET else f"; {reason}"
     print(
         f"tracedpush report: building the analysis index in {idx.dir} (once{why}) ...",
@@ -345,13 +349,16 @@ def _update(idx: AnalysisIndex) -> RunAnalysis:
         f"in {took:.1f} s; later reports read it warm",
         file=sys.stderr,
     )
-    index_cache.after_build(
-        idx.dir, lambda line: print(f"tracedpush report: {line}", file=sys.stderr)
-    )
+    index_cache.after_growth(idx.dir, _say)
     return result
 
 
+def _say(line: str) -> None:
+    print(f"tracedpush report: {line}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
+    take_tuning(tuning.put_in_force(args))  # and the processes it starts: the environment
     if args.bench:
         if args.since is not None or args.until is not None:
             return _error("--since and --until do not apply to --bench")

@@ -375,7 +375,7 @@ class AnalysisIndex:
         except Exception:  # an unreadable index is rebuilt, never fatal
             return None, "the one there was unreadable"
         if fmt != format_key():
-            return None, "the one there was made by another version of the analysis"
+            return None, "the one there was made by another version of the analysis or other tuning"
         if state.paths != self._path_key():
             return None, f"the one there was of other traces: {', '.join(state.paths)}"
         if self._stale(state):

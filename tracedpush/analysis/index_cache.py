@@ -185,8 +185,11 @@ def cap_of(root: Path) -> int | None:
     return max_size()
 
 
+CAP_EVERY_S = 60.0  # a console's Live refreshes check the root's cap at most this often
+
+
 def keep_under_cap(current: Path) -> list[tuple[IndexInfo, str, int]]:
-    """After index `current` was built: when its directory's root has a cap (`cap_of`),
+    """After index `current` was built or grew: when its directory's root has a cap (`cap_of`),
     remove what ``prune --max-size`` would (the worthless, then the least recently used
     until the root fits), never `current` nor one in use; each removed index, why, and
     the bytes freed."""
@@ -202,9 +205,10 @@ def keep_under_cap(current: Path) -> list[tuple[IndexInfo, str, int]]:
     return [(i, why, remove(i)) for i, why in select(infos, max_bytes=cap, cap_name=cap_name)]
 
 
-def after_build(current: Path, say: Callable[[str], None]) -> None:
-    """`keep_under_cap` as a build of `current` ends, each removal (or why none could be
-    made) said through `say`; never raises: the new index is built and good."""
+def after_growth(current: Path, say: Callable[[str], None]) -> None:
+    """`keep_under_cap` as a build of `current` ends, or after an update grew it (a
+    report's; a console's Live refresh, at most once a `CAP_EVERY_S`), each removal (or
+    why none could be made) said through `say`; never raises: the index is good."""
     try:
         gone = keep_under_cap(current)
     except (OSError, sqlite3.Error, ValueError) as exc:

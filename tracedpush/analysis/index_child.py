@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cold:
         from tracedpush.analysis import index_cache
 
-        index_cache.after_build(idx.dir, lambda line: print(line, file=sys.stderr))
+        index_cache.after_growth(idx.dir, lambda line: print(line, file=sys.stderr))
     return 0
 
 

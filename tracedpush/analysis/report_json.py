@@ -159,6 +159,15 @@ def tuning_in_force() -> dict[str, float | int]:
     return {name: v for (name, *_), v in zip(tuning.KNOBS, values, strict=True)}
 
 
+def take_tuning(given: list[str]) -> None:
+    """Bring the analysis modules' copies (made at their import) of the knobs `given` by
+    name up to date with `tuning`'s, which `tuning.put_in_force` set from the flags."""
+    module = {"skew_windows": skew, "skew_min_window_s": skew}
+    for name in given:
+        attr = tuning.attr(name)
+        setattr(module.get(name, steps_columns), attr, getattr(tuning, attr))
+
+
 def tuning_changed() -> list[str]:
     """Each knob not at its default, as ``VAR=value (default d)``: the report's summary
     and the console's pages name them (results depend on them)."""
