@@ -19,31 +19,24 @@ import os
 
 from tracedpush.envs import env_str
 
-# Each knob: its name in the JSON report (`report_json.tuning_in_force`), its variable, its
-# default (in the variable's unit) and what it sets (`--help`).
+# Each knob: its name in the JSON report (`report_json.tuning_in_force`; its flag is the
+# name with dashes), its variable, its default (in the variable's unit) and what its flag
+# sets, in the terms of its metavar (N, or S seconds).
 KNOBS: tuple[tuple[str, str, float, str], ...] = (
     ("skew_windows", "TRACEDPUSH_SKEW_WINDOWS", 12,
-     "clock offsets per stretch: at most this many windows,"),
+     "clock offsets over the run: at most N windows"),
     ("skew_min_window_s", "TRACEDPUSH_SKEW_MIN_WINDOW_S", 10.0,
-     "each at least this many seconds"),
+     "... each window at least S seconds long"),
     ("tpot_solo_epoch_s", "TRACEDPUSH_TPOT_SOLO_EPOCH_S", 60.0,
-     "TPOT's solo forward cost: a median per epoch this long,"),
+     "TPOT's solo forward cost: a median per epoch of S seconds"),
     ("tpot_solo_min_steps", "TRACEDPUSH_TPOT_SOLO_MIN_STEPS", 8,
-     "over at least this many one-request steps"),
+     "... over at least N one-request steps, else a neighbour's"),
 )  # fmt: skip
 
-# Each knob's flag's help (`add_arguments`), in its metavar's terms.
-_FLAG_HELP = {
-    "skew_windows": "clock offsets over the run: at most N windows",
-    "skew_min_window_s": "... each window at least S seconds long",
-    "tpot_solo_epoch_s": "TPOT's solo forward cost: a median per epoch of S seconds",
-    "tpot_solo_min_steps": "... over at least N one-request steps, else a neighbour's",
-}
-
-# For `--help` (report and console): each variable, its default, what it sets.
-HELP = "analysis tuning (flags below, or the environment; docs/report.md, Tuning):\n" + "\n".join(
-    f"  {f'{env}={default:g}':<36}{what}" for _name, env, default, what in KNOBS
-)
+# For `--help` (report and console), after the flags.
+HELP = """analysis tuning: the flags above, each defaulting to its TRACEDPUSH_* variable (a
+flag given wins); an index made with other values is built again (docs/report.md,
+Tuning)."""
 
 
 def flag(name: str) -> str:
@@ -94,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "analysis tuning", "default: the TRACEDPUSH_* variable, else the value shown"
     )
-    for name, env, default, _what in KNOBS:
+    for name, env, default, what in KNOBS:
 
         def value(text: str, name: str = name) -> int | float:
             try:
@@ -108,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             type=value,
             default=None,
             metavar="S" if _seconds(name) else "N",
-            help=f"{_FLAG_HELP[name]} (${env}, else {default:g})",
+            help=f"{what} (${env}, else {default:g})",
         )
 
 
