@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import itertools
 import json
 import shutil
@@ -19,6 +20,7 @@ from tracedpush.analysis import (
     TraceStore,
     analyze,
     compare,
+    perfetto,
     phases,
     run_json,
     to_perfetto,
@@ -196,6 +198,35 @@ def test_perfetto_tracks_flows_and_nesting(traces: tuple[Path, Any], tmp_path: P
     for fid in write_flows:
         assert starts[fid]["pid"] == pid_of[f"{sc.SERVICE_PREFILL} {synthetic.PREFILL_INSTANCE}"]
         assert ends[fid]["pid"] == pid_of[f"{sc.SERVICE_DECODE} {synthetic.DECODE_INSTANCE}"]
+
+
+def test_perfetto_progress_and_a_document_too_big_for_the_ui(
+    traces: tuple[Path, Any],
+    run: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A whole run's export takes minutes at 200,000 requests (2.1 GB): it says how far
+    it is (every `PROGRESS_EVERY` requests and the last), and a document bigger than
+    ui.perfetto.dev can hold (`UI_BYTES`) gets a note naming what opens it; a small one
+    none."""
+    seen: list[tuple[int, int]] = []
+    monkeypatch.setattr(perfetto, "PROGRESS_EVERY", 7)
+    total = len(run.requests)
+    perfetto.write_perfetto(run, io.StringIO(), progress=lambda *a: seen.append(a))
+    assert seen == [*((n, total) for n in range(7, total, 7)), (total, total)]
+
+    d, _ = traces
+    out = tmp_path / "p.json"
+    argv = ["report", "--traces", str(d), "--format", "perfetto", "--out", str(out)]
+    assert cli_main(argv) == 0
+    assert "ui.perfetto.dev may not open it" not in capsys.readouterr().err
+    monkeypatch.setattr(perfetto, "UI_BYTES", out.stat().st_size // 2)
+    assert cli_main(argv) == 0
+    err = capsys.readouterr().err
+    assert f"{out} is " in err and "ui.perfetto.dev may not open it" in err, err
+    assert f"trace_processor --httpd {out}" in err and "--since/--until" in err
 
 
 def test_perfetto_subset_uses_corrected_times(run: Any) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TextIO
 
 from tracedpush import envs, tuning
-from tracedpush.analysis import index_cache
+from tracedpush.analysis import index_cache, perfetto
 from tracedpush.analysis.analyze import analyze
 from tracedpush.analysis.bench import join, render_bench
 from tracedpush.analysis.bench_results import BenchFormatError, BenchResult, load_results
@@ -317,9 +317,24 @@ def _write(args: argparse.Namespace, report: str | Callable[[TextIO], None], wha
             finally:
                 tmp.unlink(missing_ok=True)
         print(f"wrote {args.out} ({what}, format {args.format})", file=sys.stderr)
+        if args.format == "perfetto":
+            _perfetto_note(out)
     else:
         write(sys.stdout)
     return 0
+
+
+def _perfetto_note(out: Path) -> None:
+    """Say when the document may be too big for ui.perfetto.dev, and what opens it."""
+    size = out.stat().st_size if out.is_file() else 0
+    if size > perfetto.UI_BYTES:
+        _error(
+            f"{out} is {index_cache.human_bytes(size)}: ui.perfetto.dev may not open it "
+            "(the browser holds a trace in about 2 GB, several times its size); open it "
+            f"with Perfetto's own trace_processor (`trace_processor --httpd {out}`, then "
+            "ui.perfetto.dev), or export fewer requests (--since/--until, --trace-id)",
+            0,
+        )
 
 
 def _update(idx: AnalysisIndex) -> RunAnalysis:
@@ -453,13 +468,13 @@ def _render(
             file=sys.stderr,
         )
     text: str | Callable[[TextIO], None]  # a big run's JSON is written as it is made
+    progress = _progress if args.out and sys.stderr.isatty() else None
     if args.format == "table":
         text = render(result, slowest=args.slowest, cmp=compare(result))
     elif args.format == "json":
-        progress = _progress if args.out and sys.stderr.isatty() else None
         text = functools.partial(write_json, result, spans=args.spans, progress=progress)
     else:
-        text = functools.partial(write_perfetto, result)
+        text = functools.partial(write_perfetto, result, progress=progress)
     return _write(args, text, f"{len(result.requests)} requests")
 
 

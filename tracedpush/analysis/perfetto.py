@@ -12,7 +12,7 @@ its own track.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TextIO
 
 from tracedpush import semconv as sc
@@ -31,6 +31,12 @@ FLOWS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 # Which end of the source the arrow leaves from (a leg sends at its start).
 _FROM_START = {sc.SPAN_PROXY_PREFILL, sc.SPAN_PROXY_DECODE, sc.SPAN_KV_WRITE, sc.SPAN_KV_READ}
 _PATH_PID = 1
+PROGRESS_EVERY = 10_000  # requests between two `write_perfetto` progress calls
+# A document past this size may not open in ui.perfetto.dev: the UI parses in the
+# browser's memory (about 2 GB, Perfetto's docs, "Visualising large traces"), a trace
+# takes several times its size there, and JSON traces of 900 MB were reported to crash
+# it (google/perfetto#99). `report` then names Perfetto's native trace_processor.
+UI_BYTES = 512 << 20
 
 
 def to_perfetto(run: RunAnalysis, trace_ids: Iterable[str] | None = None) -> dict[str, Any]:
@@ -46,15 +52,22 @@ def to_perfetto(run: RunAnalysis, trace_ids: Iterable[str] | None = None) -> dic
     return {"traceEvents": events + doc.meta(), **doc.tail()}
 
 
-def write_perfetto(run: RunAnalysis, out: TextIO, trace_ids: Iterable[str] | None = None) -> None:
+def write_perfetto(
+    run: RunAnalysis,
+    out: TextIO,
+    trace_ids: Iterable[str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
     """``json.dumps(to_perfetto(run, trace_ids), separators=(",", ":"))``, written as each
     request's events are made: a whole big run's events are never held at once (nor,
-    through the analysis index, its requests with their spans: `LazyRequests.stream`)."""
+    through the analysis index, its requests with their spans: `LazyRequests.stream`).
+    `progress(looked at, total)`: after every `PROGRESS_EVERY` of the run's requests
+    and the last (at 200,000 requests the export takes minutes)."""
     doc = _Document(run)
     dumps = json.JSONEncoder(separators=(",", ":")).encode
     out.write('{"traceEvents":[')
     first = True
-    for r in _chosen(run, trace_ids):
+    for r in _chosen(run, trace_ids, progress):
         events = doc.request(r)
         if events:
             out.write(("" if first else ",") + ",".join(map(dumps, events)))
@@ -66,7 +79,11 @@ def write_perfetto(run: RunAnalysis, out: TextIO, trace_ids: Iterable[str] | Non
     out.write("}")
 
 
-def _chosen(run: RunAnalysis, trace_ids: Iterable[str] | None) -> Iterator[RequestAnalysis]:
+def _chosen(
+    run: RunAnalysis,
+    trace_ids: Iterable[str] | None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Iterator[RequestAnalysis]:
     """The requests `trace_ids` names (trace or request ids; all if None) by receipt. A
     run's requests are in that order already (`analyze`): those the index makes lazily
     are streamed, kept by no one, not sorted."""
@@ -75,9 +92,12 @@ def _chosen(run: RunAnalysis, trace_ids: Iterable[str] | None) -> Iterator[Reque
     every: Iterable[RequestAnalysis] = (
         reqs.stream() if isinstance(reqs, LazyRequests) else sorted(reqs, key=_start)
     )
-    for r in every:
+    total = len(reqs)
+    for seen, r in enumerate(every, 1):
         if wanted is None or r.trace_id in wanted or r.request_id in wanted:
             yield r
+        if progress is not None and (seen % PROGRESS_EVERY == 0 or seen == total):
+            progress(seen, total)
 
 
 def _start(r: RequestAnalysis) -> float:
