@@ -33,6 +33,15 @@ KNOBS: tuple[tuple[str, str, float, str], ...] = (
      "... over at least N one-request steps, else a neighbour's"),
 )  # fmt: skip
 
+# Each knob's value in this module, by name: the analysis modules copy it under that
+# name; seconds are kept as ns.
+_ATTR = {
+    "skew_windows": ("WINDOWS", False),
+    "skew_min_window_s": ("MIN_WINDOW_NS", True),
+    "tpot_solo_epoch_s": ("SOLO_EPOCH_NS", True),
+    "tpot_solo_min_steps": ("SOLO_MIN_STEPS", False),
+}
+
 # For `--help` (report and console), after the flags.
 HELP = """analysis tuning: the flags above, each defaulting to its TRACEDPUSH_* variable (a
 flag given wins); an index made with other values is built again (docs/report.md,
@@ -45,7 +54,7 @@ def flag(name: str) -> str:
 
 
 def _seconds(name: str) -> bool:
-    return name.endswith("_s")
+    return _ATTR[name][1]
 
 
 def parse(name: str, text: str) -> int | float:
@@ -77,8 +86,9 @@ def _from_env(name: str, env: str, default: float) -> int | float:
         raise SystemExit(f"{env}={exc}") from None
 
 
-def _ns(seconds: float) -> int:
-    return round(seconds * 1e9)
+def _kept(name: str, value: float) -> int:
+    """A knob's value as this module keeps it (seconds as ns)."""
+    return round(value * 1e9) if _seconds(name) else int(value)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -117,8 +127,7 @@ def put_in_force(args: argparse.Namespace) -> list[str]:
         if value is None:
             continue
         os.environ[env] = str(value)  # a float as it round-trips
-        attr, ns = _ATTR[name]
-        globals()[attr] = _ns(value) if ns else int(value)
+        globals()[attr(name)] = _kept(name, value)
         given.append(name)
     return given
 
@@ -128,15 +137,8 @@ def attr(name: str) -> str:
     return _ATTR[name][0]
 
 
-# each knob's value in this module: (its name, whether seconds kept as ns)
-_ATTR = {
-    "skew_windows": ("WINDOWS", False),
-    "skew_min_window_s": ("MIN_WINDOW_NS", True),
-    "tpot_solo_epoch_s": ("SOLO_EPOCH_NS", True),
-    "tpot_solo_min_steps": ("SOLO_MIN_STEPS", False),
-}
-_KNOB = {name: (name, env, default) for name, env, default, _what in KNOBS}
-WINDOWS = int(_from_env(*_KNOB["skew_windows"]))
-MIN_WINDOW_NS = _ns(_from_env(*_KNOB["skew_min_window_s"]))
-SOLO_EPOCH_NS = _ns(_from_env(*_KNOB["tpot_solo_epoch_s"]))
-SOLO_MIN_STEPS = int(_from_env(*_KNOB["tpot_solo_min_steps"]))
+_INITIAL = {name: _kept(name, _from_env(name, env, d)) for name, env, d, _w in KNOBS}
+WINDOWS = _INITIAL["skew_windows"]
+MIN_WINDOW_NS = _INITIAL["skew_min_window_s"]
+SOLO_EPOCH_NS = _INITIAL["tpot_solo_epoch_s"]
+SOLO_MIN_STEPS = _INITIAL["tpot_solo_min_steps"]

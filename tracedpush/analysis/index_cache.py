@@ -189,10 +189,10 @@ CAP_EVERY_S = 60.0  # a console's Live refreshes check the root's cap at most th
 
 
 def keep_under_cap(current: Path) -> list[tuple[IndexInfo, str, int]]:
-    """After index `current` was built or grew: when its directory's root has a cap (`cap_of`),
-    remove what ``prune --max-size`` would (the worthless, then the least recently used
-    until the root fits), never `current` nor one in use; each removed index, why, and
-    the bytes freed."""
+    """After index `current` was built or grew: when its directory's root has a cap
+    (`cap_of`), remove what ``prune --max-size`` would (the worthless, then the least
+    recently used until the root fits), never `current` nor one in use; each removed
+    index, why, and the bytes freed."""
     here = current.resolve()
     cap = cap_of(here.parent)
     if cap is None:

@@ -162,10 +162,15 @@ def tuning_in_force() -> dict[str, float | int]:
 def take_tuning(given: list[str]) -> None:
     """Bring the analysis modules' copies (made at their import) of the knobs `given` by
     name up to date with `tuning`'s, which `tuning.put_in_force` set from the flags."""
-    module = {"skew_windows": skew, "skew_min_window_s": skew}
+    module = {
+        "skew_windows": skew,
+        "skew_min_window_s": skew,
+        "tpot_solo_epoch_s": steps_columns,
+        "tpot_solo_min_steps": steps_columns,
+    }
     for name in given:
         attr = tuning.attr(name)
-        setattr(module.get(name, steps_columns), attr, getattr(tuning, attr))
+        setattr(module[name], attr, getattr(tuning, attr))
 
 
 def tuning_changed() -> list[str]:
