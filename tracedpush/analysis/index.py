@@ -60,6 +60,7 @@ from tracedpush.analysis._gc import paused_gc
 from tracedpush.analysis.analyze import PROCESS_SPANS, request_analysis
 from tracedpush.analysis.columns import row_of
 from tracedpush.analysis.forked import can_fork
+from tracedpush.analysis.index_lease import Lease
 from tracedpush.analysis.index_live import TraceSlots
 from tracedpush.analysis.index_steps import (
     StepCache,
@@ -230,6 +231,7 @@ class AnalysisIndex:
         if not self.paths:
             raise ValueError("no trace paths given")
         self.dir = Path(index_dir) if index_dir is not None else default_dir(self.paths)
+        self._lease = Lease(self.dir)  # who has it open, for other hosts (`index_lease`)
         self.correct_skew = correct_skew
         self.skew_policy = skew_policy
         self.buckets = tuple(buckets)
@@ -296,6 +298,7 @@ class AnalysisIndex:
             # (`_save`): a segment applies after the kept segment of its number
             db.execute("CREATE TABLE IF NOT EXISTS tpots (seg INTEGER PRIMARY KEY, v BLOB)")
             self._db = db
+            self._lease.hold()
         return self._db
 
     def span_db(self, shard: int) -> sqlite3.Connection:
@@ -316,6 +319,7 @@ class AnalysisIndex:
                 self._write_steps()
             self._write_skew()
         self._close_dbs()
+        self._lease.release()
 
     def _close_dbs(self) -> None:
         """Close the database connections (each reopens on its next use)."""
@@ -585,6 +589,7 @@ class AnalysisIndex:
         always), leaving the rest to later updates (`behind`), so that a Live refresh
         never costs a minute. None: all of them (`analyze()`'s results at once)."""
         self._budget = reanalyse_at_most
+        self._lease.hold()  # (touched at most once a minute)
         with paused_gc():
             return self._update()
 

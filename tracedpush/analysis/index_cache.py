@@ -11,9 +11,10 @@ Which indexes are worth nothing as they stand (``prune``'s default):
 * made by another version of the analysis, or other tuning values: opening one under
   this code deletes it and builds from nothing (`AnalysisIndex.build_reason`);
 * a build that never finished (no state saved), not written to for `INCOMPLETE_AFTER_S`.
-An index that a process on this host has open (a console following a run, a build in
-progress) is never removed: Linux's ``/proc`` says which; elsewhere only the age rules
-protect it.
+An index that a process has open (a console following a run, a build in progress) is
+never removed: on this host Linux's ``/proc`` says which; on other hosts sharing the
+root, and where there is no ``/proc``, the lease each such process writes in the index
+(`index_lease`).
 
 With ``TRACEDPUSH_INDEX_MAX_SIZE`` set, the root is kept under that size without anyone
 running ``prune``: each index built there removes, as it ends, the worthless ones and
@@ -32,10 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tracedpush import envs
+from tracedpush.analysis import index_lease
 from tracedpush.analysis.index import _DB, INDEX_DIRNAME, format_key, own_files
 
 # an index without a saved state, untouched this long, is a build that died
 INCOMPLETE_AFTER_S = 3600.0
+PROC = Path("/proc")  # Linux's: which process has which file open (`in_use`)
 
 OK = "ok"
 MISSING = "traces gone"
@@ -110,21 +113,23 @@ def scan(root: Path) -> list[IndexInfo]:
 
 
 def in_use(directories: Sequence[Path]) -> dict[Path, list[str]]:
-    """The processes on this host with a file of one of `directories` open ("pid
-    command"), from ``/proc`` (Linux; empty elsewhere, and for other users' processes
-    this user may not look into)."""
+    """The processes with one of `directories` open: on this host, from ``/proc``
+    ("pid command"; Linux, and this user's processes); on other hosts, and on this one
+    where there is no ``/proc``, from the leases the processes write in the index
+    ("host pid command (lease)", `index_lease`)."""
     wanted = {str(d.resolve()) + os.sep: d for d in directories}
     out: dict[Path, list[str]] = {}
-    proc = Path("/proc")
-    if not wanted or not proc.is_dir():
-        return out
-    for pid_dir in proc.iterdir():
+    proc = PROC if PROC.is_dir() else None
+    for pid_dir in proc.iterdir() if proc is not None and wanted else ():
         if not pid_dir.name.isdigit() or pid_dir.name == str(os.getpid()):
             continue
         links = _open_files(pid_dir)
         for prefix, d in wanted.items():
             if any(link.startswith(prefix) for link in links):
                 out.setdefault(d, []).append(f"{pid_dir.name} {_command(pid_dir)}")
+    for d in directories:
+        for who in index_lease.holders(d, this_host=proc is None):
+            out.setdefault(d, []).append(who)
     return out
 
 
@@ -222,7 +227,7 @@ def remove(info: IndexInfo) -> int:
     """Delete the index's own files, and its directory if that leaves it empty; the
     bytes freed. Another process's files in it stay (and so does the directory)."""
     freed = 0
-    for f in own_files(info.path):
+    for f in own_files(info.path) + index_lease.files(info.path):  # leases: of the dead
         freed += _disk_bytes(f)
         f.unlink(missing_ok=True)
     try:

@@ -24,10 +24,13 @@ lives beside its traces, in .tracedpush-index/: `tracedpush index remove TRACES_
 removes it.
 
 Removing an index loses nothing but time: the next report or console of its traces
-builds it again. Only the index's own files are deleted; an index a process on this
-host has open (a console following a run, a build under way) is never removed.
-With ${envs.INDEX_MAX_SIZE} set (e.g. 50G), every build under the root prunes it to
-that size as it ends (as `prune --max-size`), never the index it built.
+builds it again. Only the index's own files are deleted; an index a process has open
+(a console following a run, a build under way) is never removed: on this host /proc
+says which; another host's process sharing the root says so by the lease it keeps in
+the index (lease-<host>-<pid>, touched as it updates, counted for a day).
+With ${envs.INDEX_MAX_SIZE} set (e.g. 50G), every build under the root, and every
+update that grows an index there, prunes it to that size (as `prune --max-size`),
+never the index it made.
 
 examples:
   tracedpush index list
@@ -189,7 +192,10 @@ def _root(args: argparse.Namespace) -> Path | None:
 
 def _status(i: cache.IndexInfo) -> str:
     if i.in_use_by:
-        return f"{i.status}, in use (pid {i.in_use_by[0].split()[0]})"
+        first = i.in_use_by[0]  # "pid command", or "host pid command (lease)"
+        words = first.split()
+        who = f"{words[0]} pid {words[1]}" if first.endswith("(lease)") else f"pid {words[0]}"
+        return f"{i.status}, in use ({who})"
     if i.status == cache.OK and i.missing_paths:
         return f"ok, {len(i.missing_paths)} of {len(i.paths)} paths gone"
     return i.status
