@@ -63,10 +63,10 @@ def test_an_open_index_holds_a_lease_until_it_is_closed(tmp_path: Path) -> None:
 def test_without_proc_the_lease_says_who_has_it_open(
     index: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    """A console-like process holds the index open; with no ``/proc`` to look into, its
-    lease keeps `prune --all` off it while it lives. Killed outright (no close), its
+    """A console-like process holds the index open: ``/proc`` shows it once (its lease
+    adds no second line); with no ``/proc`` to look into, its lease keeps `prune --all`
+    off it while it lives. Killed outright (no close), its
     lease stays behind, says nothing any more, and goes with the index."""
-    monkeypatch.setattr(index_cache, "PROC", index / "no-proc-here")
     code = (
         "import sys; from tracedpush.analysis.index import AnalysisIndex\n"
         "idx = AnalysisIndex(['/nonexistent'], index_dir=sys.argv[1]); idx._connect()\n"
@@ -78,6 +78,10 @@ def test_without_proc_the_lease_says_who_has_it_open(
     )  # fmt: skip
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "open\n"
+        if index_cache.PROC.is_dir():  # /proc says it, and the lease adds nothing
+            (who,) = index_cache.in_use([index])[index]
+            assert who.startswith(f"{holder.pid} {sys.executable} -c "), who
+        monkeypatch.setattr(index_cache, "PROC", index / "no-proc-here")
         (who,) = index_cache.in_use([index])[index]  # the lease alone says it
         assert who.startswith(f"{socket.gethostname()} {holder.pid} {sys.executable} -c ")
         assert who.endswith(" (lease)"), who

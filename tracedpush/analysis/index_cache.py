@@ -114,9 +114,9 @@ def scan(root: Path) -> list[IndexInfo]:
 
 def in_use(directories: Sequence[Path]) -> dict[Path, list[str]]:
     """The processes with one of `directories` open: on this host, from ``/proc``
-    ("pid command"; Linux, and this user's processes); on other hosts, and on this one
-    where there is no ``/proc``, from the leases the processes write in the index
-    ("host pid command (lease)", `index_lease`)."""
+    ("pid command"; Linux, and the processes this user may look into); on other hosts,
+    and on this one where ``/proc`` does not show them, from the leases the processes
+    write in the index ("host pid command (lease)", `index_lease`)."""
     wanted = {str(d.resolve()) + os.sep: d for d in directories}
     out: dict[Path, list[str]] = {}
     proc = PROC if PROC.is_dir() else None
@@ -127,8 +127,9 @@ def in_use(directories: Sequence[Path]) -> dict[Path, list[str]]:
         for prefix, d in wanted.items():
             if any(link.startswith(prefix) for link in links):
                 out.setdefault(d, []).append(f"{pid_dir.name} {_command(pid_dir)}")
-    for d in directories:
-        for who in index_lease.holders(d, this_host=proc is None):
+    for d in directories:  # (this host's: those /proc did not show, another user's)
+        seen = {who.split()[0] for who in out.get(d, [])}
+        for who in index_lease.holders(d, skip_pids=seen):
             out.setdefault(d, []).append(who)
     return out
 

@@ -2,11 +2,11 @@
 
 `tracedpush index prune` and the size cap never remove an index a process has open. On
 Linux ``/proc`` says which processes of this host have its files open; it cannot see a
-console on another host sharing the index root (a network file system), nor anything on
-a system without ``/proc`` (macOS, Windows). So each process that opens an index also
-writes ``lease-<host>-<pid>`` in its directory (its command line inside), touches it
-at most every `TOUCH_S` while it updates the index, and removes it when it closes it
-(or, not closed, as the process exits).
+console on another host sharing the index root (a network file system), another user's
+process, nor anything on a system without ``/proc`` (macOS, Windows). So each process
+that opens an index also writes ``lease-<host>-<pid>`` in its directory (its command
+line inside), touches it at most every `TOUCH_S` while it updates the index, and
+removes it when it closes it (or, not closed, as the process exits).
 
 A lease says "in use" (`holders`):
 * of this host, while its process lives (POSIX: signal 0; elsewhere as another host's);
@@ -84,10 +84,12 @@ def files(directory: Path) -> list[Path]:
         return []
 
 
-def holders(directory: Path, *, this_host: bool = True, now: float | None = None) -> list[str]:
+def holders(
+    directory: Path, *, skip_pids: set[str] | frozenset[str] = frozenset(), now: float | None = None
+) -> list[str]:
     """The processes whose leases say the index in `directory` is in use, each as
-    ``"host pid command (lease)"``; this process's own not among them. `this_host`:
-    include this host's leases (false where ``/proc`` already says who has it open)."""
+    ``"host pid command (lease)"``; not this process's own, nor this host's of
+    `skip_pids` (those ``/proc`` showed already)."""
     now = time.time() if now is None else now
     here, me = _host(), os.getpid()
     out = []
@@ -102,7 +104,7 @@ def holders(directory: Path, *, this_host: bool = True, now: float | None = None
         except OSError:  # released meanwhile
             continue
         if host == here:
-            if not this_host or pid == me:
+            if pid == me or pid_text in skip_pids:
                 continue
             alive = _alive(pid) if os.name == "posix" else age < LEASE_S
         else:
