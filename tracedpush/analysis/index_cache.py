@@ -59,7 +59,8 @@ class IndexInfo:
     status: str  # OK, MISSING, OTHER_VERSION, INCOMPLETE, BUILDING or UNREADABLE
     paths: list[str] = field(default_factory=list)  # the trace paths it indexes
     traces: int = 0
-    in_use_by: list[str] = field(default_factory=list)  # "pid command" of processes here
+    # "pid command" of processes here, "host pid command (lease)" of those /proc misses
+    in_use_by: list[str] = field(default_factory=list)
 
     @property
     def missing_paths(self) -> list[str]:
