@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from tracedpush import pids
+
 PREFIX = "lease-"
 TOUCH_S = 60.0  # an open index's lease is touched at most this often (as it updates)
 LEASE_S = 86400.0  # another host's lease counts this long after its last touch
@@ -106,19 +108,9 @@ def holders(
         if host == here:
             if pid == me or pid_text in skip_pids:
                 continue
-            alive = _alive(pid) if os.name == "posix" else age < LEASE_S
+            alive = pids.alive(pid) if os.name == "posix" else age < LEASE_S
         else:
             alive = age < LEASE_S
         if alive:
             out.append(f"{host} {pid} {command} (lease)")
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # POSIX only: on Windows, signal 0 is CTRL_C_EVENT
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's: alive
-        return True
-    return True

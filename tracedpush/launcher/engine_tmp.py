@@ -24,6 +24,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from tracedpush import pids
+
 PREFIX = "tracedpush-engines-"
 _NAME = re.compile(re.escape(PREFIX) + r"(\d+)-")
 # a socket's path: the directory, "/", a UUID (36); sun_path holds 107 bytes and a NUL
@@ -81,20 +83,10 @@ def sweep(root: Path | None = None) -> list[Path]:
         if m is None or not e.is_dir(follow_symlinks=False):
             continue
         try:
-            if e.stat(follow_symlinks=False).st_uid != uid or _alive(int(m.group(1))):
+            if e.stat(follow_symlinks=False).st_uid != uid or pids.alive(int(m.group(1))):
                 continue
         except OSError:
             continue
         remove(Path(e.path))
         gone.append(Path(e.path))
     return gone
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
