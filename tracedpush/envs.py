@@ -15,8 +15,9 @@ import os
 # beside the traces (`analysis.index.default_dir`; as vLLM's VLLM_CACHE_ROOT)
 INDEX_ROOT = "TRACEDPUSH_INDEX_ROOT"
 # the most the indexes under INDEX_ROOT may take on disk (e.g. 50G): after each build
-# there, the least recently used others go until they fit (`analysis.index_cache.keep_under_cap`;
-# as ccache's max_size); unset: only `tracedpush index prune` removes any
+# there, and each update that grows an index there, the least recently used others go
+# until they fit (`analysis.index_cache.keep_under_cap`; as ccache's max_size); unset:
+# only `tracedpush index prune` removes any
 INDEX_MAX_SIZE = "TRACEDPUSH_INDEX_MAX_SIZE"
 
 _FALSE = ("0", "false", "no", "off")

@@ -19,7 +19,7 @@ root, and where there is no ``/proc``, the lease each such process writes in the
 With ``TRACEDPUSH_INDEX_MAX_SIZE`` set, the root is kept under that size without anyone
 running ``prune``: each index built there removes, as it ends, the worthless ones and
 then the least recently used others until the root fits (`keep_under_cap`), never
-itself.
+itself; so does an update that grows one (`after_growth`).
 """
 
 from __future__ import annotations
