@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tracedpush import tuning
 from tracedpush.analysis import skew, steps_columns
 from tracedpush.analysis.index import AnalysisIndex
 from tracedpush.testing import synthetic
@@ -55,16 +56,19 @@ def test_windows_follow_the_environment(traces: Path) -> None:
     assert 0 < len(_windows(traces)) <= 3
 
 
-@pytest.mark.parametrize(
-    ("name", "value", "says"),
-    [
-        ("TRACEDPUSH_SKEW_WINDOWS", "0", "must be at least 1"),
-        ("TRACEDPUSH_SKEW_MIN_WINDOW_S", "-5", "must be a positive number of seconds"),
-        ("TRACEDPUSH_TPOT_SOLO_EPOCH_S", "a minute", "is not a number"),
-        ("TRACEDPUSH_TPOT_SOLO_MIN_STEPS", "1.5", "is not an integer"),
-    ],
-)
-def test_a_bad_value_stops_the_command_naming_it(name: str, value: str, says: str) -> None:
+# a bad value of each knob (by its name in `tuning.KNOBS`), and what the error says
+BAD = [
+    ("skew_windows", "0", "must be at least 1"),
+    ("skew_min_window_s", "-5", "must be a positive number of seconds"),
+    ("tpot_solo_epoch_s", "a minute", "is not a number"),
+    ("tpot_solo_min_steps", "1.5", "is not an integer"),
+]
+_VARIABLE = {knob: env for knob, env, _default, _what in tuning.KNOBS}
+
+
+@pytest.mark.parametrize(("knob", "value", "says"), BAD)
+def test_a_bad_value_stops_the_command_naming_it(knob: str, value: str, says: str) -> None:
+    name = _VARIABLE[knob]
     for command in ("report", "console"):
         got = _tracedpush(command, "--help", **{name: value})
         assert got.returncode != 0 and name in got.stderr and says in got.stderr, got
@@ -170,18 +174,11 @@ def test_a_flag_makes_the_index_build_again(traces: Path, tmp_path: Path) -> Non
     assert "tuning: TRACEDPUSH_SKEW_WINDOWS=3 (default 12)" in again.stdout
 
 
-@pytest.mark.parametrize(
-    ("flag", "value", "says"),
-    [
-        ("--skew-windows", "0", "must be at least 1"),
-        ("--skew-min-window-s", "-5", "must be a positive number of seconds"),
-        ("--tpot-solo-epoch-s", "a minute", "is not a number"),
-        ("--tpot-solo-min-steps", "1.5", "is not an integer"),
-    ],
-)
+@pytest.mark.parametrize(("knob", "value", "says"), BAD)
 def test_a_bad_flag_stops_the_command_naming_it(
-    traces: Path, flag: str, value: str, says: str
+    traces: Path, knob: str, value: str, says: str
 ) -> None:
+    flag = "--" + knob.replace("_", "-")  # (written out here: `tuning.flag` is what is tested)
     for command in ("report", "console"):
         got = _tracedpush(command, "--traces", str(traces), flag, value)
         assert got.returncode == 2 and f"argument {flag}: " in got.stderr, got.stderr
@@ -193,7 +190,7 @@ def test_console_flags_reach_its_server(traces: Path, monkeypatch: pytest.Monkey
     it imports them: a flag given to `tracedpush console` is there. The server itself is
     not started (a stand-in for `subprocess.Popen` keeps its environment): the console's
     own tests run it (tests/console)."""
-    from tracedpush import cli, tuning
+    from tracedpush import cli
     from tracedpush.console import command as console_command
 
     seen: dict[str, str] = {}
