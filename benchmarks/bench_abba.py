@@ -11,6 +11,7 @@ whose code may change while this runs (``.`` sees edits in progress). The stages
 * ``warm``: ``tracedpush report --format table`` with the index warm (each side builds
   its index once first, not timed);
 * ``json``: the same with ``--format json``;
+* ``perfetto``: the same with ``--format perfetto`` (the whole run's trace-event file);
 * ``compare``: `compare()` alone, in a process that opened the warm index (each
   measurement the mean of its ``--calls`` calls);
 * ``cold``: ``tracedpush report --index`` building the index from nothing (the index
@@ -68,8 +69,8 @@ from bench_report import _REPORT, _calibration_s, _end_s, _sliced, measure
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "docs" / "benchmarks" / "abba.json"
-STAGES = ("warm", "json", "compare", "cold", "live", "console")
-_WARM_INDEX = ("warm", "json", "compare", "console")  # stages on the side's warm index
+STAGES = ("warm", "json", "perfetto", "compare", "cold", "live", "console")
+_WARM_INDEX = ("warm", "json", "perfetto", "compare", "console")  # stages on the side's warm index
 LIVE_SLICES = (60, 240, 2_040)  # requests per append of the ``live`` stage
 WORKING_TREE = "."
 
@@ -300,7 +301,7 @@ def _command(side: Side, stage: str, traces: Path, out: Path, calls: int) -> lis
     if stage == "compare":
         args = [str(traces), str(side.index_dir), str(out), str(calls)]
         return [sys.executable, "-c", _AT + _COMPARE + _TOOK, str(side.code), *args]
-    fmt = "json" if stage == "json" else "table"
+    fmt = stage if stage in ("json", "perfetto") else "table"
     args = ["report", "--traces", str(traces), "--index", "--index-dir", str(side.index_dir)]
     return [sys.executable, "-c", _AT + _REPORT, str(side.code), *args, "--format", fmt,
             "--out", str(out)]  # fmt: skip

@@ -28,6 +28,7 @@ from tracedpush import semconv as sc
 from tracedpush.analysis import (
     TraceStore,
     analyze,
+    perfetto,
     report_json,
     run_json,
     skew,
@@ -603,12 +604,14 @@ def test_wal_waits_for_the_file_instead_of_failing(tmp_path: Path) -> None:
 
 
 def test_the_perfetto_report_is_written_a_request_at_a_time(
-    tmp_path: Path, skewed: synthetic.SyntheticRun
+    tmp_path: Path, skewed: synthetic.SyntheticRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`write_perfetto` writes `to_perfetto`'s compact JSON byte for byte (a list of
     requests, the index's whole run with span views made on demand, a chosen few, none),
     keeping none of the index's requests it made: a Perfetto report of 200,000 requests
-    held every event and the whole text at once."""
+    held every event and the whole text at once. On two forked workers (batches of 7
+    requests, so tracks, overlaps and flow ids cross batches) it writes the same bytes,
+    with the same progress calls."""
     d = tmp_path / "traces"
     skewed.write(d)
     plain = analyze(TraceStore.from_paths([d]), spans=True)
@@ -617,14 +620,30 @@ def test_the_perfetto_report_is_written_a_request_at_a_time(
     lazy.with_requests(idx.with_spans(lazy.requests))
     assert isinstance(lazy.requests, LazyRequests) and len(lazy.requests) > 20
 
-    def written(run: RunAnalysis, ids: list[str] | None = None) -> str:
+    def written(
+        run: RunAnalysis, ids: list[str] | None = None, workers: int = 1, seen: list | None = None
+    ) -> str:
         out = io.StringIO()
-        write_perfetto(run, out, ids)
+        write_perfetto(run, out, ids, None if seen is None else lambda *a: seen.append(a), workers)
         return out.getvalue()
 
-    whole = written(lazy)
+    monkeypatch.setattr(perfetto, "PROGRESS_EVERY", 10)
+    monkeypatch.setattr(perfetto, "PARALLEL_STEP", 7)
+    serial: list = []
+    whole = written(lazy, seen=serial)
     assert lazy.requests.loaded == 0  # made, written, let go
     assert whole == json.dumps(to_perfetto(plain), separators=(",", ":"))
+    forked_seen: list = []
+    assert written(lazy, workers=2, seen=forked_seen) == whole
+    assert lazy.requests.loaded == 0
+    n = len(lazy.requests)
+    assert serial == [(k, n) for k in [*range(10, n, 10), n]]
+    done, batches = 0, []  # after each batch of 7 that passes a multiple of 10, and the last
+    for lo in range(0, n, 7):
+        before, done = done, min(lo + 7, n)
+        if done // 10 > before // 10 or done == n:
+            batches.append((done, n))
+    assert forked_seen == batches
     events = json.loads(whole)["traceEvents"]
     assert {e["ph"] for e in events} >= {"X", "s", "f", "M"}
     few = [r.trace_id for r in plain.requests[3:6]] + [plain.requests[9].request_id]

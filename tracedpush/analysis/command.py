@@ -32,7 +32,7 @@ from tracedpush.analysis.jaeger import parse_duration
 from tracedpush.analysis.load import FileSource, TraceStore
 from tracedpush.analysis.perfetto import write_perfetto
 from tracedpush.analysis.report import render
-from tracedpush.analysis.report_json import take_tuning, write_json
+from tracedpush.analysis.report_json import export_workers, take_tuning, write_json
 from tracedpush.analysis.results import RunAnalysis
 
 
@@ -474,7 +474,8 @@ def _render(
     elif args.format == "json":
         text = functools.partial(write_json, result, spans=args.spans, progress=progress)
     else:
-        text = functools.partial(write_perfetto, result, progress=progress)
+        workers = export_workers(len(result.requests))  # a whole run on every core
+        text = functools.partial(write_perfetto, result, progress=progress, workers=workers)
     return _write(args, text, f"{len(result.requests)} requests")
 
 

@@ -2,8 +2,9 @@
 
 An export of a whole run from the analysis index spends most of its time making each
 request again from its stored spans and encoding it, all of it in Python on one core
-(a JSON report of 200,000 requests: about 50 s). A forked child inherits the index as
-it is (nothing to pickle or load again) and hands back only its batch's result (text).
+(a JSON report of 200,000 requests: about 50 s; a Perfetto file: about 100 s). A
+forked child inherits the index as it is (nothing to pickle or load again) and hands
+back only its batch's result (text, or a Perfetto file's events before their ids).
 SQLite connections are not carried over: `AnalysisIndex` forgets its own in a child,
 which opens new ones.
 """

@@ -151,7 +151,7 @@ class LazyRequests(Sequence["RequestAnalysis"]):
         once (200,000 results: gigabytes). `step`: as many at a time (default: the
         constructor's)."""
         for positions in self._batches(step or self._step):
-            yield from self._passed(positions)
+            yield from self.passed(positions)
 
     def mapped(
         self, fn: Callable[[list[RequestAnalysis]], T], workers: int, step: int | None = None
@@ -162,7 +162,7 @@ class LazyRequests(Sequence["RequestAnalysis"]):
         run that only needs what `fn` returns (its text), on every core."""
 
         def job(positions: range) -> tuple[int, T]:
-            return len(positions), fn(self._passed(positions))
+            return len(positions), fn(self.passed(positions))
 
         return forked.ordered_map(job, self._batches(step or self._step), workers)
 
@@ -170,7 +170,7 @@ class LazyRequests(Sequence["RequestAnalysis"]):
         n = len(self._items)
         return [range(lo, min(lo + step, n)) for lo in range(0, n, step)]
 
-    def _passed(self, positions: range) -> list[RequestAnalysis]:
+    def passed(self, positions: Sequence[int]) -> list[RequestAnalysis]:
         """The requests at `positions`, those not loaded made by `passing` (not kept)."""
         todo = [i for i in positions if self._items[i] is None]
         made = dict(zip(todo, self._passing(todo), strict=True)) if todo else {}
