@@ -611,7 +611,7 @@ def test_the_perfetto_report_is_written_a_request_at_a_time(
     keeping none of the index's requests it made: a Perfetto report of 200,000 requests
     held every event and the whole text at once. On two forked workers (batches of 7
     requests, so tracks, overlaps and flow ids cross batches) it writes the same bytes,
-    with the same progress calls."""
+    for the whole run, a time window of it and none, with progress after each batch."""
     d = tmp_path / "traces"
     skewed.write(d)
     plain = analyze(TraceStore.from_paths([d]), spans=True)
@@ -649,6 +649,13 @@ def test_the_perfetto_report_is_written_a_request_at_a_time(
     few = [r.trace_id for r in plain.requests[3:6]] + [plain.requests[9].request_id]
     for run, ids in ((plain, None), (plain, few), (plain, []), (plain.of([]), None)):
         assert written(run, ids) == json.dumps(to_perfetto(run, ids), separators=(",", ":"))
+    # a time window of the index's run (`--since/--until`), both ways; and no request
+    window = idx.update().subset(list(range(5, 27)))
+    window.with_requests(idx.with_spans(window.requests))
+    want = json.dumps(to_perfetto(plain.of(plain.requests[5:27])), separators=(",", ":"))
+    assert written(window) == want
+    assert written(window, workers=2) == want
+    assert written(lazy.of(LazyRequests(0, list)), workers=2) == written(plain.of([]))
     idx.close()
 
 
