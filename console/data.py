@@ -584,7 +584,15 @@ class Feed:
                             log.warning("%s; building it in this process", failed)
                     cold = idx.needs_build()  # (the child's build removed what it had to)
                     started = time.perf_counter()
-                    idx.update(reanalyse_at_most=REANALYSE_PER_REFRESH)
+                    if cold:  # built here: its progress shown as the child's
+                        hear = self._hearing()
+                        idx.progress = lambda *a: hear(
+                            build_progress.counted(*a, time.perf_counter() - started)
+                        )
+                    try:
+                        idx.update(reanalyse_at_most=REANALYSE_PER_REFRESH)
+                    finally:
+                        idx.progress, self.building = None, None
                     self.analysis_seconds = time.perf_counter() - started
                     if cold:
                         index_cache.after_growth(idx.dir, log.warning)
@@ -598,6 +606,15 @@ class Feed:
     def _build_in_child(self, paths: list[Path], where: str | None) -> str | None:
         """`index_child.build`, its progress kept for the pages (`building`) and said on
         the server's terminal as each stage starts."""
+        self.building = "starting"
+        try:
+            return index_child.build(paths, index_dir=where, progress=self._hearing())
+        finally:
+            self.building = None
+
+    def _hearing(self) -> Callable[[str], None]:
+        """What takes a build's progress lines: the last kept for the pages (`building`),
+        each stage's first said on the server's terminal."""
         said: list[str | None] = [None]
 
         def heard(line: str) -> None:
@@ -607,11 +624,7 @@ class Feed:
                 said[0] = stage
                 print(f"{index_child.PROGRESS_PREFIX}: {line}", file=sys.stderr, flush=True)
 
-        self.building = "starting"
-        try:
-            return index_child.build(paths, index_dir=where, progress=heard)
-        finally:
-            self.building = None
+        return heard
 
     def snapshot(self) -> Snapshot:
         """The current snapshot, loading the source on first use."""

@@ -140,6 +140,38 @@ def test_the_childs_build_progress_reaches_the_console(
     assert all(line.startswith("tracedpush console: ") for line in terminal)
 
 
+def test_a_build_in_the_consoles_process_shows_its_progress_too(
+    slow_build_traces: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """A run the console builds in its own process (under `PARALLEL_BYTES`, or where the
+    child failed or nothing forks) shows the same: its latest line for the pages while it
+    builds, a line on the terminal as each stage starts, `building` None after."""
+    import threading
+    import time
+
+    monkeypatch.setattr(index_mod, "PARALLEL_BYTES", 1 << 40)  # never the child
+    feed = data.Feed(Source.traces([str(slow_build_traces)]))
+    seen: set[str] = set()
+    loading = threading.Thread(target=feed.snapshot)
+    loading.start()
+    while loading.is_alive():
+        line = feed.building
+        if line is not None:
+            seen.add(line)
+        time.sleep(0.01)
+    loading.join()
+    assert feed.building is None and feed.snapshot().run.requests
+    assert any("%)" in line for line in seen), seen  # e.g. "1 s: reading the traces ..."
+    terminal = [line for line in capsys.readouterr().err.splitlines() if " s: " in line]
+    assert [build_progress.stage_of(line) for line in terminal] == [
+        "reading the traces",
+        "storing spans by trace",
+        "estimating clock offsets",
+        "analysing requests",
+    ], terminal
+    assert all(line.startswith("tracedpush console: ") for line in terminal)
+
+
 def test_a_page_waits_for_the_build_then_draws(
     traces: Path, app: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

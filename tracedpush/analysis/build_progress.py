@@ -6,11 +6,12 @@ vLLM's bars); in a log, a line as each stage starts, with the time so far."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TextIO
 
-# What `AnalysisIndex.progress(stage, done, total)` hears of a build on every core
-# (`index_build`): bytes of trace files read (worker 0's: every worker reads them all),
-# traces stored and traces analysed (all workers'), and the parent's own stage between
+# What `AnalysisIndex.progress(stage, done, total)` hears of a cold build: bytes of trace
+# files read (on every core, `index_build`: worker 0's, every worker reads them all),
+# traces stored and requests analysed (all workers'), and the offsets' stage between
 # them (no count)
 READ, STORE, OFFSETS, ANALYSE = "read", "store", "offsets", "analyse"
 _WORDS = {
@@ -19,6 +20,25 @@ _WORDS = {
     OFFSETS: "estimating clock offsets",
     ANALYSE: "analysing requests",
 }
+
+
+EVERY_S = 0.5  # a build tells its progress at most this often (and each stage's last)
+
+
+class Throttled:
+    """`progress(stage, done, total)` at most once each `EVERY_S`, and whenever `last`:
+    how a build tells as it goes (a worker to its parent, the sequential build to
+    `AnalysisIndex.progress`), counting often and saying little."""
+
+    def __init__(self, progress: Callable[[str, int, int], None]) -> None:
+        self.progress = progress
+        self._next = 0.0
+
+    def __call__(self, stage: str, done: int, total: int, last: bool = False) -> None:
+        now = time.monotonic()
+        if last or now >= self._next:
+            self._next = now + EVERY_S
+            self.progress(stage, done, total)
 
 
 class BuildProgress:
@@ -50,14 +70,20 @@ class BuildProgress:
             self._width = len(line)
         elif self.every or stage != self.stage:
             took = time.perf_counter() - self.started
-            count = _count(stage, done, total) if self.every else " ..."
-            print(f"{self.prefix}: {took:.0f} s: {words}{count}", file=self.stream, flush=True)
+            line = counted(stage, done, total, took) if self.every else f"{took:.0f} s: {words} ..."
+            print(f"{self.prefix}: {line}", file=self.stream, flush=True)
         self.stage = stage
 
     def end(self) -> None:
         """Leave the terminal's line as it stands, and the next print on its own."""
         if self.tty and self.stage is not None:
             print(file=self.stream, flush=True)
+
+
+def counted(stage: str, done: int, total: int, took_s: float) -> str:
+    """One update as a program reads it, `took_s` into the build: "12 s: storing spans
+    by trace 45,000 of 102,836 (43%)" (the console's page shows the last)."""
+    return f"{took_s:.0f} s: {_WORDS.get(stage, stage)}{_count(stage, done, total)}"
 
 
 def _count(stage: str, done: int, total: int) -> str:

@@ -58,6 +58,7 @@ from tracedpush.analysis import skew, tpot
 from tracedpush.analysis import steps as steps_mod
 from tracedpush.analysis._gc import paused_gc
 from tracedpush.analysis.analyze import PROCESS_SPANS, request_analysis
+from tracedpush.analysis.build_progress import ANALYSE, OFFSETS, READ, STORE, Throttled
 from tracedpush.analysis.columns import row_of
 from tracedpush.analysis.forked import can_fork
 from tracedpush.analysis.index_lease import Lease
@@ -112,6 +113,7 @@ _FILES = {"steps": "steps.pickle", "steps_tpot": "steps-tpot.pickle", "skew": "s
 _UNREADABLE = (sqlite3.DatabaseError, ValueError, EOFError, TypeError, KeyError)
 NO_INDEX_YET = "none there yet"  # `build_reason` of a directory without an index
 PARALLEL_BYTES = 64 << 20  # trace bytes from which a cold build uses every core
+_TELL_EVERY = 1024  # spans, traces or requests between two looks at the clock (`Throttled`)
 _COMPACT_AFTER = 16  # record segments before they are merged into one
 # a Live index writes its engine steps (and their contention) when an update brings
 # nothing, and at least this often while spans keep coming (`close` writes them too)
@@ -277,7 +279,7 @@ class AnalysisIndex:
         self._budget: int | None = None  # `update`'s reanalyse_at_most
         self._left: set[str] = set()  # the traces the last update left behind
         # a cold build's progress, when set: progress(stage, done, total), stages and
-        # units in `build_progress` (only a build on every core reports)
+        # units in `build_progress` (on every core or in this process alike)
         self.progress: Callable[[str, int, int], None] | None = None
         _OPEN.add(self)
 
@@ -532,15 +534,28 @@ class AnalysisIndex:
         return request_analysis(ix, off_ns, _NO_LOAD, self.buckets, self.load_buckets, with_spans)
 
     # ------------------------------------------------------------------ reading
-    def _read(self) -> list[Span]:
-        """New spans at the source, read from where the last update stopped."""
+    def _read(self, tell: Throttled | None = None) -> list[Span]:
+        """New spans at the source, read from where the last update stopped. `tell`: a
+        sequential build's progress, in bytes read of the files' sizes."""
         assert self._state is not None
         src = FileSource(*self.paths)
         for name, (_ino, offset, pend, size, mtime, whole, ok) in self._state.files.items():
             src._states[Path(name)] = _FileState(offset, pend, size, mtime, whole, ok)
         new: list[Span] = []
         stats = self._state.stats
-        src.read(Decoder(new.append, stats), stats)
+        sink = new.append
+        if tell is not None:
+            total, before = sum(f.stat().st_size for f in src.files()), stats.bytes_read
+            tell(READ, 0, total, last=True)
+
+            def sink(span: Span, keep: Callable[[Span], None] = new.append) -> None:
+                keep(span)
+                if len(new) % _TELL_EVERY == 0:
+                    tell(READ, min(stats.bytes_read - before, total), total)
+
+        src.read(Decoder(sink, stats), stats)
+        if tell is not None:
+            tell(READ, min(stats.bytes_read - before, total), total, last=True)
         self.last_error = src.last_error
         files = {}
         for f, st in src._states.items():
@@ -601,10 +616,15 @@ class AnalysisIndex:
 
     def _update(self) -> RunAnalysis:
         self._open()
-        built = self.needs_build() and self._build()
+        building = self.needs_build()
+        built = building and self._build()
         state = self._state  # a build that failed started the index again (`_reset`)
         assert state is not None
-        new = [] if built else self._read()  # a build read it all: this is one refresh
+        # a build in this process tells its progress too (the parallel one: `index_build`)
+        tell = Throttled(self.progress) if building and self.progress is not None else None
+        new = [] if built else self._read(tell)  # a build read it all: this is one refresh
+        if built:
+            tell = None
         self.last_new = 0
         by_trace: dict[str, list[Span]] = {}
         for s in new:
@@ -626,7 +646,12 @@ class AnalysisIndex:
             if added:
                 changed[tid] = added
                 more.setdefault(shard_of(tid), []).append((tid, pack(added, self._res_ix)))
-        for tid, news in by_trace.items():
+        traces = len(by_trace)
+        if tell is not None:
+            tell(STORE, 0, traces, last=True)
+        for done, (tid, news) in enumerate(by_trace.items(), 1):
+            if tell is not None and done % _TELL_EVERY == 0:
+                tell(STORE, done, traces)
             spans = {s.span_id: s for s in old.get(tid, ())}
             added = 0
             for s in news:
@@ -657,6 +682,8 @@ class AnalysisIndex:
                 sdb.executemany("INSERT OR REPLACE INTO spans (tid, v) VALUES (?, ?)", some)
                 sdb.executemany("DELETE FROM more WHERE tid = ?", [(t,) for t, _v in some])
                 sdb.executemany("INSERT INTO more (tid, v) VALUES (?, ?)", more.get(shard, []))
+        if tell is not None:  # stored
+            tell(STORE, traces, traces, last=True)
         for tid, spans in changed.items():
             if tid in grow:
                 continue
@@ -667,7 +694,7 @@ class AnalysisIndex:
             self._kept[tid] = Kept(self._facts(tid, spans, seq))
         if any(self._kept[t].facts.process for t in changed):
             state.process_version += 1
-        run = self._analyse(changed)
+        run = self._analyse(changed, tell)
         if changed:
             state.facts_version += 1
         self._save(changed)
@@ -796,9 +823,13 @@ class AnalysisIndex:
         slots.put_facts([(t, self._kept[t]) for t in changed])
         return slots
 
-    def _analyse(self, changed: dict[str, list[Span]]) -> RunAnalysis:
+    def _analyse(
+        self, changed: dict[str, list[Span]], tell: Throttled | None = None
+    ) -> RunAnalysis:
         state = self._state
         assert state is not None
+        if tell is not None:
+            tell(OFFSETS, 0, 0, last=True)
         slots = self._trace_slots(changed)
         if changed or state.offsets is None or state.offsets[0] != self.skew_policy:
             state.offsets = (self.skew_policy, *slots.offsets(state.resources, self.skew_policy))
@@ -829,11 +860,15 @@ class AnalysisIndex:
         state.off = off
         need = [t for t in stale if t not in changed]
         spans_of = {**self._load_spans(need), **changed} if need else changed
-        for tid in stale:
+        if tell is not None:
+            tell(ANALYSE, 0, len(stale), last=True)
+        for done, tid in enumerate(stale, 1):
             k = self._kept[tid]
             k.result = self._analysed(tid, spans_of[tid], off, self._res_ix)
             k.row = row_of(k.result)
             k.offsets = tuple(off[r] for r in k.facts.res)
+            if tell is not None and (done % _TELL_EVERY == 0 or done == len(stale)):
+                tell(ANALYSE, done, len(stale), last=done == len(stale))
         self.last_reanalysed = len(stale)
         self._stale_saved = stale
         slots.put_rows([(t, self._kept[t]) for t in stale])

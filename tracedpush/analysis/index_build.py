@@ -23,7 +23,7 @@ the processes hold at once.
 
 How far the build is goes to `AnalysisIndex.progress` when it is set (`report`'s line,
 the console's page): the workers send their counts (bytes read, traces stored, traces
-analysed) at most twice a second over their pipes (`_Report`); the parent sums them
+analysed) at most twice a second over their pipes (`_report`); the parent sums them
 (`_Tally`), in its second phase through a thread that alone reads the pipes while the
 parent joins the engine steps (`_Listener`).
 
@@ -55,12 +55,12 @@ import threading
 import time
 import traceback
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from tracedpush.analysis.build_progress import ANALYSE, OFFSETS, READ, STORE
+from tracedpush.analysis.build_progress import ANALYSE, OFFSETS, READ, STORE, Throttled
 from tracedpush.analysis.columns import row_of
 from tracedpush.analysis.index_steps import split_tpot
 from tracedpush.analysis.index_store import (
@@ -92,7 +92,6 @@ _SIZE = (1 << 32) - 1  # a spilled record's size, in its place (see `_Worker.spa
 _DROP_EVERY = _CHUNK * 4  # bytes of spilled records read between two page drops
 _STOP_S = 5.0  # a build stopped (^C, an error): how long a terminated worker may take
 _PROGRESS = "progress"  # a worker's message: (_PROGRESS, stage, done, total)
-_PROGRESS_S = 0.5  # a worker's progress messages at most this often
 _REPORT_EVERY = 256  # traces between two looks at the clock (at each: 0.1 s a worker)
 WORKER_PEAK_KB: list[int] = []  # the last build's workers' peak RSS (benchmarks read it)
 # and their CPU seconds: (read, store spans and facts, analyse)
@@ -161,21 +160,12 @@ def _trace_id(raw: bytes) -> str:
         return ""
 
 
-class _Report:
-    """A worker's progress to the parent: at most one message each `_PROGRESS_S` (and
-    each stage's last), none when the parent has nobody to tell."""
-
-    def __init__(self, conn: Connection | None) -> None:
-        self.conn = conn
-        self._next = 0.0
-
-    def __call__(self, stage: str, done: int, total: int, last: bool = False) -> None:
-        if self.conn is None:
-            return
-        now = time.monotonic()
-        if last or now >= self._next:
-            self._next = now + _PROGRESS_S
-            self.conn.send_bytes(pickle.dumps((_PROGRESS, stage, done, total)))
+def _report(conn: Connection | None) -> Callable[..., None]:
+    """A worker's progress to the parent (`build_progress.Throttled`), nothing when the
+    parent has nobody to tell."""
+    if conn is None:
+        return lambda *_a, **_k: None
+    return Throttled(lambda *got: conn.send_bytes(pickle.dumps((_PROGRESS, *got))))
 
 
 class _Tally:
@@ -265,7 +255,7 @@ class _Worker:
         self._res_ix: dict[int, int] = {}  # id(resource) -> its place in the interning
         self._pos = (0, 0, 0)
         self.lines_ok: list[int] = []
-        self.report = _Report(None)  # the parent's ears (`_run_worker`)
+        self.report = _report(None)  # the parent's ears (`_run_worker`)
         self._read_before = 0  # bytes of the files before the one being read
         self._read_total = 0
 
@@ -473,7 +463,7 @@ def _run_worker(
     try:
         cpu = [time.process_time()]
         w = _Worker(idx, shard, n)
-        report = w.report = _Report(conn if idx.progress is not None else None)
+        report = w.report = _report(conn if idx.progress is not None else None)
         w.read(files)
         cpu.append(time.process_time())
         resources = w.resources()
