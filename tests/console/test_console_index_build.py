@@ -107,49 +107,21 @@ def test_the_child_and_its_workers_end_with_their_parent(slow_build_traces: Path
         assert index_mod.AnalysisIndex([d]).needs_build()
 
 
-def test_the_childs_build_progress_reaches_the_console(
-    slow_build_traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+@pytest.mark.parametrize(
+    "parallel_bytes", [0, 1 << 40], ids=["in its child", "in the console's process"]
+)
+def test_the_build_progress_reaches_the_console(
+    slow_build_traces: Path, monkeypatch: pytest.MonkeyPatch, capsys, parallel_bytes: int
 ) -> None:
-    """While the child builds (a minute of silence at 200,000 requests before), the Feed
+    """While the index builds (a minute of silence at 200,000 requests before), the Feed
     keeps its latest progress line for the pages (`Feed.building`) and the server's
-    terminal gets a line as each stage starts; after it, `building` is None again."""
+    terminal gets a line as each stage starts; after it, `building` is None again. The
+    same whether the child builds it (a big run) or the console's own process (a smaller
+    one, or where the child failed or nothing forks)."""
     import threading
     import time
 
-    monkeypatch.setattr(index_mod, "PARALLEL_BYTES", 0)
-    feed = data.Feed(Source.traces([str(slow_build_traces)]))
-    seen: set[str] = set()
-    loading = threading.Thread(target=feed.snapshot)
-    loading.start()
-    while loading.is_alive():
-        line = feed.building
-        if line is not None:
-            seen.add(line)
-        time.sleep(0.01)
-    loading.join()
-    assert feed.building is None and not feed._index.rebuilt  # the child's, opened warm
-    counted = [line for line in seen if "%)" in line]
-    assert counted, seen  # e.g. "1 s: storing spans by trace 21,504 of 61,000 (35%)"
-    terminal = [line for line in capsys.readouterr().err.splitlines() if " s: " in line]
-    assert [build_progress.stage_of(line) for line in terminal] == [
-        "reading the traces",
-        "storing spans by trace",
-        "estimating clock offsets",
-        "analysing requests",
-    ], terminal
-    assert all(line.startswith("tracedpush console: ") for line in terminal)
-
-
-def test_a_build_in_the_consoles_process_shows_its_progress_too(
-    slow_build_traces: Path, monkeypatch: pytest.MonkeyPatch, capsys
-) -> None:
-    """A run the console builds in its own process (under `PARALLEL_BYTES`, or where the
-    child failed or nothing forks) shows the same: its latest line for the pages while it
-    builds, a line on the terminal as each stage starts, `building` None after."""
-    import threading
-    import time
-
-    monkeypatch.setattr(index_mod, "PARALLEL_BYTES", 1 << 40)  # never the child
+    monkeypatch.setattr(index_mod, "PARALLEL_BYTES", parallel_bytes)
     feed = data.Feed(Source.traces([str(slow_build_traces)]))
     seen: set[str] = set()
     loading = threading.Thread(target=feed.snapshot)
@@ -161,7 +133,9 @@ def test_a_build_in_the_consoles_process_shows_its_progress_too(
         time.sleep(0.01)
     loading.join()
     assert feed.building is None and feed.snapshot().run.requests
-    assert any("%)" in line for line in seen), seen  # e.g. "1 s: reading the traces ..."
+    assert feed._index.rebuilt == bool(parallel_bytes)  # the child's is opened warm
+    counted = [line for line in seen if "%)" in line]
+    assert counted, seen  # e.g. "1 s: storing spans by trace 21,504 of 61,000 (35%)"
     terminal = [line for line in capsys.readouterr().err.splitlines() if " s: " in line]
     assert [build_progress.stage_of(line) for line in terminal] == [
         "reading the traces",
