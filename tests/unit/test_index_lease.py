@@ -143,6 +143,23 @@ def test_a_lease_is_touched_while_the_index_updates(
     idx.close()
 
 
+def test_keep_touches_a_held_lease_and_never_brings_one_back(tmp_path: Path) -> None:
+    """`keep` (an idle console's, hourly) touches the lease at once, whatever `TOUCH_S`
+    says; once the index is closed it writes nothing."""
+    d = tmp_path / "run"
+    synthetic.generate(6, seed=4).write(d)
+    idx = AnalysisIndex([d], index_dir=tmp_path / "index")
+    idx.update()
+    (lease,) = index_lease.files(idx.dir)
+    old = time.time() - DAY
+    os.utime(lease, (old, old))
+    idx.keep_lease()
+    assert time.time() - lease.stat().st_mtime < 60
+    idx.close()
+    idx.keep_lease()
+    assert index_lease.files(idx.dir) == []
+
+
 def test_a_lease_never_fails_an_index(tmp_path: Path) -> None:
     """A directory the lease cannot be written in: the index works without one."""
     lease = index_lease.Lease(tmp_path / "not-there")

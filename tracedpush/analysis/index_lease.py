@@ -11,8 +11,8 @@ removes it when it closes it (or, not closed, as the process exits).
 A lease says "in use" (`holders`):
 * of this host, while its process lives (POSIX: signal 0; elsewhere as another host's);
 * of another host, for `LEASE_S` after its last touch: a process killed there leaves
-  one that protects the index a day longer, and a console there that has not updated
-  its index for a day is no longer protected. Both are said in docs/report.md.
+  one that protects the index a day longer. A console touches its lease every hour
+  however idle (`keep`), so one left open there stays protected. Said in docs/report.md.
 
 Writing a lease never fails an index: a directory it cannot write (a read-only copy)
 just has no lease.
@@ -65,6 +65,14 @@ class Lease:
         except OSError:  # not there yet, or not ours to write: no lease (tried again)
             return
         self._touched = now
+
+    def keep(self) -> None:
+        """Touch the lease now if this process holds it: a long-lived process that may
+        not update its index for hours (an idle console) keeps it counted by other hosts,
+        which count a lease `LEASE_S` after its last touch. Nothing once released."""
+        if self._touched:
+            self._touched = 0.0
+            self.hold()
 
     def release(self) -> None:
         """Remove the lease (only in the process it is of: a forked child closing its
