@@ -5,6 +5,7 @@ exception; without results it says how to get them."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -96,9 +97,11 @@ def test_a_typical_link_opens_that_requests_timeline(served, driver, cell):
     driver.get(f"{served.url}/sweep")
     browser.wait_rendered(driver, charts=3, timeout=120)
     typ = cell["modes"]["pull"]["typical"]
-    driver.execute_script(
-        "document.querySelector(arguments[0]).click()", f"a[href*='request={typ['trace_id']}']"
-    )
+    link = f"a[href*='request={typ['trace_id']}']"
+    # the links can come a moment after the charts (under the full parallel suite, once
+    # they were not there yet): wait for this one, then click it
+    browser.wait_for(driver, f"return document.querySelector({json.dumps(link)}) !== null")
+    driver.execute_script("document.querySelector(arguments[0]).click()", link)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and "/timeline" not in driver.current_url:
         time.sleep(0.1)
