@@ -68,6 +68,23 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Itera
         _JOB = None
 
 
+def reported(
+    parts: Iterable[tuple[int, R]],
+    total: int,
+    every: int,
+    progress: Callable[[int, int], None] | None,
+) -> Iterator[tuple[int, R]]:
+    """`parts` ((how many items, their result), in order, as `ordered_map` of batches
+    gives them) passed on, with ``progress(done, total)`` once each part is taken, when
+    it passes a multiple of `every` or ends the whole: how an export says how far it is."""
+    done = 0
+    for n, got in parts:
+        yield n, got
+        before, done = done, done + n
+        if progress is not None and (done // every > before // every or done == total):
+            progress(done, total)
+
+
 def _quiet() -> None:
     """A child leaves Ctrl-C to the parent, which ends it (a terminal sends SIGINT to
     the whole process group: each child printed its own traceback)."""

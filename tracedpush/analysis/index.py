@@ -626,10 +626,9 @@ class AnalysisIndex:
         state = self._state  # a build that failed started the index again (`_reset`)
         assert state is not None
         # a build in this process tells its progress too (the parallel one: `index_build`)
-        tell = Throttled(self.progress) if building and self.progress is not None else None
+        progress = self.progress if building and not built else None
+        tell = Throttled(progress) if progress is not None else None
         new = [] if built else self._read(tell)  # a build read it all: this is one refresh
-        if built:
-            tell = None
         self.last_new = 0
         by_trace: dict[str, list[Span]] = {}
         for s in new:

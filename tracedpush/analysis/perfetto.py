@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TextIO
 
 from tracedpush import semconv as sc
+from tracedpush.analysis import forked
 from tracedpush.analysis.report_json import PARALLEL_STEP
 from tracedpush.analysis.results import LazyRequests, RequestAnalysis, RunAnalysis
 
@@ -123,14 +124,8 @@ def _plans(
     batches = reqs.mapped(
         lambda rs: [plan(r, origin) for r in rs], workers, min(PARALLEL_STEP, PROGRESS_EVERY)
     )
-    done = 0
-    for n, plans in batches:
+    for _n, plans in forked.reported(batches, total, PROGRESS_EVERY, progress):
         yield from plans
-        before, done = done, done + n
-        if progress is not None and (
-            done // PROGRESS_EVERY > before // PROGRESS_EVERY or done == total
-        ):
-            progress(done, total)
 
 
 def plan(r: RequestAnalysis, origin_ms: float) -> _Plan:

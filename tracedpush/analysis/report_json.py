@@ -112,16 +112,11 @@ def write_json(
     else:
         each = requests.stream() if isinstance(requests, LazyRequests) else iter(requests)
         parts = ((1, _texts([r], spans=spans)) for r in each)
-    sep, done = "[\n  ", 0
-    for n, text in parts:
+    sep = "[\n  "
+    for n, text in forked.reported(parts, total, PROGRESS_EVERY, progress):
         if n:  # an item of the list at depth 2, as `json.dumps` has it
             out.write(sep + text)
             sep = ",\n  "
-        before, done = done, done + n
-        if progress is not None and (
-            done // PROGRESS_EVERY > before // PROGRESS_EVERY or done == total
-        ):
-            progress(done, total)
     out.write("[]" if sep.startswith("[") else "\n ]")
     out.write(tail)
 
