@@ -170,6 +170,13 @@ def test_an_index_in_use_is_never_removed(
         assert holder.stdout is not None and holder.stdout.readline() == "open\n"
         if not Path("/proc").is_dir():
             pytest.skip("which process has a file open comes from /proc (Linux)")
+        capsys.readouterr()
+        assert main(["index", "list"]) == 0  # its status names the process
+        assert f", in use (pid {holder.pid})" in capsys.readouterr().out
+        assert main(["index", "list", "--json"]) == 0
+        (doc,) = json.loads(capsys.readouterr().out)["indexes"]
+        (who,) = doc["in_use_by"]
+        assert who.startswith(f"{holder.pid} {sys.executable} -c "), who
         assert main(["index", "prune", "--all"]) == 0
         assert f"kept {index}: in use by {holder.pid} " in capsys.readouterr().out
         assert main(["index", "remove", str(index)]) == 1

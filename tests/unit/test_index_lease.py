@@ -80,11 +80,13 @@ def test_without_proc_the_lease_says_who_has_it_open(
         assert holder.stdout is not None and holder.stdout.readline() == "open\n"
         if index_cache.PROC.is_dir():  # /proc says it, and the lease adds nothing
             (who,) = index_cache.in_use([index])[index]
-            assert who.startswith(f"{holder.pid} {sys.executable} -c "), who
+            assert (who.pid, who.host) == (holder.pid, ""), who
+            assert str(who).startswith(f"{holder.pid} {sys.executable} -c "), who
         monkeypatch.setattr(index_cache, "PROC", index / "no-proc-here")
         (who,) = index_cache.in_use([index])[index]  # the lease alone says it
-        assert who.startswith(f"{socket.gethostname()} {holder.pid} {sys.executable} -c ")
-        assert who.endswith(" (lease)"), who
+        assert (who.pid, who.host) == (holder.pid, socket.gethostname()), who
+        assert str(who).startswith(f"{socket.gethostname()} {holder.pid} {sys.executable} -c ")
+        assert str(who).endswith(" (lease)"), who
         assert main(["index", "prune", "--all"]) == 0
         assert f"kept {index}: in use by {socket.gethostname()} {holder.pid}" in (
             capsys.readouterr().out
@@ -107,9 +109,8 @@ def test_another_hosts_lease_protects_the_index_for_a_day(
     (its host's process killed, or idle for a day) protects nothing."""
     lease = index / _lease_of(4242, host="gpu-node-7")
     lease.write_text("python -m tracedpush console --traces /shared/run\n")
-    assert index_cache.in_use([index]) == {
-        index: ["gpu-node-7 4242 python -m tracedpush console --traces /shared/run (lease)"]
-    }
+    command = "python -m tracedpush console --traces /shared/run"
+    assert index_cache.in_use([index]) == {index: [index_lease.User(4242, command, "gpu-node-7")]}
     assert main(["index", "list"]) == 0
     assert "in use (gpu-node-7 pid 4242)" in capsys.readouterr().out
     assert main(["index", "prune", "--all"]) == 0

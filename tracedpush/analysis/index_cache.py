@@ -59,8 +59,8 @@ class IndexInfo:
     status: str  # OK, MISSING, OTHER_VERSION, INCOMPLETE, BUILDING or UNREADABLE
     paths: list[str] = field(default_factory=list)  # the trace paths it indexes
     traces: int = 0
-    # "pid command" of processes here, "host pid command (lease)" of those /proc misses
-    in_use_by: list[str] = field(default_factory=list)
+    # the processes with it open: this host's from /proc, the others' from their leases
+    in_use_by: list[index_lease.User] = field(default_factory=list)
 
     @property
     def missing_paths(self) -> list[str]:
@@ -113,13 +113,13 @@ def scan(root: Path) -> list[IndexInfo]:
     return sorted(found, key=lambda i: i.last_used)
 
 
-def in_use(directories: Sequence[Path]) -> dict[Path, list[str]]:
+def in_use(directories: Sequence[Path]) -> dict[Path, list[index_lease.User]]:
     """The processes with one of `directories` open: on this host, from ``/proc``
-    ("pid command"; Linux, and the processes this user may look into); on other hosts,
-    and on this one where ``/proc`` does not show them, from the leases the processes
-    write in the index ("host pid command (lease)", `index_lease`)."""
+    (Linux, and the processes this user may look into); on other hosts, and on this one
+    where ``/proc`` does not show them, from the leases the processes write in the index
+    (`index_lease`)."""
     wanted = {str(d.resolve()) + os.sep: d for d in directories}
-    out: dict[Path, list[str]] = {}
+    out: dict[Path, list[index_lease.User]] = {}
     proc = PROC if PROC.is_dir() else None
     for pid_dir in proc.iterdir() if proc is not None and wanted else ():
         if not pid_dir.name.isdigit() or pid_dir.name == str(os.getpid()):
@@ -127,9 +127,9 @@ def in_use(directories: Sequence[Path]) -> dict[Path, list[str]]:
         links = _open_files(pid_dir)
         for prefix, d in wanted.items():
             if any(link.startswith(prefix) for link in links):
-                out.setdefault(d, []).append(f"{pid_dir.name} {_command(pid_dir)}")
+                out.setdefault(d, []).append(index_lease.User(int(pid_dir.name), _command(pid_dir)))
     for d in directories:  # (this host's: those /proc did not show, another user's)
-        seen = {who.split()[0] for who in out.get(d, [])}
+        seen = {u.pid for u in out.get(d, [])}
         for who in index_lease.holders(d, skip_pids=seen):
             out.setdefault(d, []).append(who)
     return out
@@ -207,7 +207,7 @@ def keep_under_cap(current: Path) -> list[tuple[IndexInfo, str, int]]:
     infos = scan(here.parent)
     for i in infos:
         if i.path.resolve() == here:
-            i.in_use_by = i.in_use_by or [f"{os.getpid()} (this build)"]
+            i.in_use_by = i.in_use_by or [index_lease.User(os.getpid(), "(this build)")]
     cap_name = f"{envs.INDEX_MAX_SIZE}={human_bytes(cap)}"
     return [(i, why, remove(i)) for i, why in select(infos, max_bytes=cap, cap_name=cap_name)]
 

@@ -142,7 +142,7 @@ def _prune(args: argparse.Namespace, root: Path, infos: list[cache.IndexInfo]) -
         print(f"{verb} {i.path} ({cache.human_bytes(i.bytes)}): {why}")
     for i in infos:
         if i.in_use_by and id(i) not in gone:
-            print(f"kept {i.path}: in use by {'; '.join(i.in_use_by)}")
+            print(f"kept {i.path}: in use by {'; '.join(map(str, i.in_use_by))}")
     left = [i for i in infos if id(i) not in gone]
     verb = "would free" if args.dry_run else "freed"
     print(f"{verb} {cache.human_bytes(freed)}; left: {_count(left)} under {root}")
@@ -161,7 +161,7 @@ def _remove(args: argparse.Namespace) -> int:
         info = cache.describe(d)
         if users.get(d):
             busy += 1
-            print(f"not removed {d}: in use by {'; '.join(users[d])}", file=sys.stderr)
+            print(f"not removed {d}: in use by {'; '.join(map(str, users[d]))}", file=sys.stderr)
             continue
         size = info.bytes if args.dry_run else cache.remove(info)
         print(f"{'would remove' if args.dry_run else 'removed'} {d} ({cache.human_bytes(size)})")
@@ -192,10 +192,7 @@ def _root(args: argparse.Namespace) -> Path | None:
 
 def _status(i: cache.IndexInfo) -> str:
     if i.in_use_by:
-        first = i.in_use_by[0]  # "pid command", or "host pid command (lease)"
-        words = first.split()
-        who = f"{words[0]} pid {words[1]}" if first.endswith("(lease)") else f"pid {words[0]}"
-        return f"{i.status}, in use ({who})"
+        return f"{i.status}, in use ({i.in_use_by[0].who})"
     if i.status == cache.OK and i.missing_paths:
         return f"ok, {len(i.missing_paths)} of {len(i.paths)} paths gone"
     return i.status
@@ -215,7 +212,7 @@ def _doc(i: cache.IndexInfo) -> dict:
         "traces": i.traces,
         "paths": i.paths,
         "missing_paths": i.missing_paths,
-        "in_use_by": i.in_use_by,
+        "in_use_by": [str(u) for u in i.in_use_by],
     }
 
 

@@ -25,6 +25,7 @@ import os
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from tracedpush import pids
@@ -32,6 +33,27 @@ from tracedpush import pids
 PREFIX = "lease-"
 TOUCH_S = 60.0  # an open index's lease is touched at most this often (as it updates)
 LEASE_S = 86400.0  # another host's lease counts this long after its last touch
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    """A process with an index open: of this host as ``/proc`` shows it (`host` ""), or
+    as its lease says it (`holders`: another host's, or one ``/proc`` did not show)."""
+
+    pid: int
+    command: str
+    host: str = ""
+
+    def __str__(self) -> str:
+        """ "pid command", or "host pid command (lease)"."""
+        if self.host:
+            return f"{self.host} {self.pid} {self.command} (lease)"
+        return f"{self.pid} {self.command}"
+
+    @property
+    def who(self) -> str:
+        """ "pid N" or "host pid N", for a status column."""
+        return f"{self.host} pid {self.pid}" if self.host else f"pid {self.pid}"
 
 
 def _host() -> str:
@@ -95,11 +117,10 @@ def files(directory: Path) -> list[Path]:
 
 
 def holders(
-    directory: Path, *, skip_pids: set[str] | frozenset[str] = frozenset(), now: float | None = None
-) -> list[str]:
-    """The processes whose leases say the index in `directory` is in use, each as
-    ``"host pid command (lease)"``; not this process's own, nor this host's of
-    `skip_pids` (those ``/proc`` showed already)."""
+    directory: Path, *, skip_pids: set[int] | frozenset[int] = frozenset(), now: float | None = None
+) -> list[User]:
+    """The processes whose leases say the index in `directory` is in use; not this
+    process's own, nor this host's of `skip_pids` (those ``/proc`` showed already)."""
     now = time.time() if now is None else now
     here, me = _host(), os.getpid()
     out = []
@@ -114,11 +135,11 @@ def holders(
         except OSError:  # released meanwhile
             continue
         if host == here:
-            if pid == me or pid_text in skip_pids:
+            if pid == me or pid in skip_pids:
                 continue
             alive = pids.alive(pid) if os.name == "posix" else age < LEASE_S
         else:
             alive = age < LEASE_S
         if alive:
-            out.append(f"{host} {pid} {command} (lease)")
+            out.append(User(pid, command, host))
     return out
