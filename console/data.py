@@ -705,8 +705,6 @@ class Feed:
 MAX_FEEDS = 8  # sources a server keeps loaded (the least recently used goes first)
 _feeds: OrderedDict[Source, Feed] = OrderedDict()
 _feeds_lock = threading.Lock()
-LEASE_KEEP_S = 3600.0  # how often the kept feeds' index leases are touched (`_keep_leases`)
-_keeper: threading.Thread | None = None
 
 
 def feed(source: Source) -> Feed:
@@ -714,7 +712,6 @@ def feed(source: Source) -> Feed:
 
     A plain registry rather than ``st.cache_resource``: the server's warm-up thread
     (`console.server`), which has no script run, fills it before the first visitor."""
-    global _keeper
     with _feeds_lock:
         got = _feeds.get(source)
         if got is None:
@@ -722,22 +719,4 @@ def feed(source: Source) -> Feed:
             while len(_feeds) > MAX_FEEDS:
                 _feeds.popitem(last=False)
         _feeds.move_to_end(source)
-        if _keeper is None:
-            _keeper = threading.Thread(target=_keep_leases, name="console-leases", daemon=True)
-            _keeper.start()
         return got
-
-
-def _keep_leases() -> None:
-    """Every `LEASE_KEEP_S`, touch the lease of each kept feed's analysis index: a server
-    nobody visits and no Live page refreshes may not update its index for days, and other
-    hosts sharing the index root count a lease a day after its last touch
-    (`index_lease`). A feed let go is not kept, nor its lease."""
-    while True:
-        time.sleep(LEASE_KEEP_S)
-        with _feeds_lock:
-            feeds = list(_feeds.values())
-        for f in feeds:
-            idx = f._index
-            if idx is not None:
-                idx.keep_lease()

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,8 +25,6 @@ from tracedpush.analysis import index_cache, index_lease
 from tracedpush.analysis.index import AnalysisIndex, default_dir
 from tracedpush.cli import main
 from tracedpush.testing import synthetic
-
-DAY = 86400.0
 
 
 @pytest.fixture
@@ -101,12 +100,12 @@ def test_without_proc_the_lease_says_who_has_it_open(
     assert not index.exists()  # the dead lease went with it
 
 
-def test_another_hosts_lease_protects_the_index_for_a_day(
+def test_another_hosts_lease_protects_the_index_while_it_is_touched(
     index: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """A console on another host sharing the root: /proc here cannot see it, its lease
     can. Touched within `LEASE_S`, the index is in use; a lease untouched for longer
-    (its host's process killed, or idle for a day) protects nothing."""
+    (its host's process killed, or suspended) protects nothing."""
     lease = index / _lease_of(4242, host="gpu-node-7")
     lease.write_text("python -m tracedpush console --traces /shared/run\n")
     command = "python -m tracedpush console --traces /shared/run"
@@ -144,21 +143,58 @@ def test_a_lease_is_touched_while_the_index_updates(
     idx.close()
 
 
-def test_keep_touches_a_held_lease_and_never_brings_one_back(tmp_path: Path) -> None:
-    """`keep` (an idle console's, hourly) touches the lease at once, whatever `TOUCH_S`
-    says; once the index is closed it writes nothing."""
+def _touched_again(lease: Path, since: float, within_s: float = 10.0) -> bool:
+    """Wake this process's lease keeper (as `KEEP_S` would) and wait for its touch."""
+    index_lease._tick.set()
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if lease.stat().st_mtime > since + 60:
+                return True
+        except FileNotFoundError:
+            pass
+        time.sleep(0.02)
+    return False
+
+
+def test_the_keeper_touches_held_leases_and_never_brings_one_back(tmp_path: Path) -> None:
+    """However idle the process (no update for hours), its keeper thread touches every
+    lease it holds each `KEEP_S`, whatever `TOUCH_S` says, so other hosts keep counting
+    it; once the index is closed the keeper writes nothing. The real thread, woken
+    early."""
+    assert index_lease.LEASE_S >= 2 * index_lease.KEEP_S  # a missed touch is no gap
     d = tmp_path / "run"
     synthetic.generate(6, seed=4).write(d)
     idx = AnalysisIndex([d], index_dir=tmp_path / "index")
     idx.update()
     (lease,) = index_lease.files(idx.dir)
-    old = time.time() - DAY
+    assert any(t.name == "tracedpush-leases" and t.daemon for t in threading.enumerate())
+    old = time.time() - 2 * index_lease.LEASE_S
     os.utime(lease, (old, old))
-    idx.keep_lease()
-    assert time.time() - lease.stat().st_mtime < 60
+    assert _touched_again(lease, old)
     idx.close()
-    idx.keep_lease()
+    assert not _touched_again(lease, old, within_s=0.5)
     assert index_lease.files(idx.dir) == []
+
+
+def test_a_forked_child_keeps_none_of_its_parents_leases(tmp_path: Path) -> None:
+    """A forked build worker inherits its parent's leases as objects: it neither keeps
+    them (its keeper would touch another process's lease) nor starts a keeper for them."""
+    idx = AnalysisIndex([tmp_path], index_dir=tmp_path / "index")
+    idx._connect()
+    assert len(index_lease._held) >= 1
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what it holds and whether it keeps, then go
+        idx._lease.hold()  # a worker's touch of its parent's lease
+        os.write(w, f"{len(index_lease._held)} {index_lease._keeping}".encode())
+        os._exit(0)
+    os.close(w)
+    got = os.read(r, 100).decode()
+    os.waitpid(pid, 0)
+    os.close(r)
+    assert got == "0 False"
+    idx.close()
 
 
 def test_a_lease_never_fails_an_index(tmp_path: Path) -> None:

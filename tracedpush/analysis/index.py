@@ -315,11 +315,6 @@ class AnalysisIndex:
             self._span_dbs[shard] = db
         return db
 
-    def keep_lease(self) -> None:
-        """Touch this process's lease on the index now (`index_lease.Lease.keep`): for
-        a long-lived process that may not update it for hours (the console's server)."""
-        self._lease.keep()
-
     def close(self) -> None:
         if self._db is not None:
             if self._steps_unsaved:

@@ -6,13 +6,15 @@ console on another host sharing the index root (a network file system), another 
 process, nor anything on a system without ``/proc`` (macOS, Windows). So each process
 that opens an index also writes ``lease-<host>-<pid>`` in its directory (its command
 line inside), touches it at most every `TOUCH_S` while it updates the index, and
-removes it when it closes it (or, not closed, as the process exits).
+removes it when it closes it (or, not closed, as the process exits). However idle the
+process (a console nobody visits, a notebook), one thread of it touches every lease it
+holds every `KEEP_S` (`_keeper`).
 
 A lease says "in use" (`holders`):
 * of this host, while its process lives (POSIX: signal 0; elsewhere as another host's);
-* of another host, for `LEASE_S` after its last touch: a process killed there leaves
-  one that protects the index a day longer. A console touches its lease every hour
-  however idle (`keep`), so one left open there stays protected. Said in docs/report.md.
+* of another host, for `LEASE_S` (three `KEEP_S`) after its last touch: a process
+  killed there leaves one that protects the index that much longer. Said in
+  docs/report.md.
 
 Writing a lease never fails an index: a directory it cannot write (a read-only copy)
 just has no lease.
@@ -24,7 +26,9 @@ import atexit
 import os
 import socket
 import sys
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +36,10 @@ from tracedpush import pids
 
 PREFIX = "lease-"
 TOUCH_S = 60.0  # an open index's lease is touched at most this often (as it updates)
-LEASE_S = 86400.0  # another host's lease counts this long after its last touch
+KEEP_S = 3600.0  # and at least this often, however idle its process (`_keeper`)
+# another host's lease counts this long after its last touch: two touches may be missed
+# (a host suspended, a network file system that lagged) before it stops counting
+LEASE_S = 3 * KEEP_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,14 +94,18 @@ class Lease:
         except OSError:  # not there yet, or not ours to write: no lease (tried again)
             return
         self._touched = now
+        _kept(self)
 
     def keep(self) -> None:
         """Touch the lease now if this process holds it: a long-lived process that may
         not update its index for hours (an idle console) keeps it counted by other hosts,
-        which count a lease `LEASE_S` after its last touch. Nothing once released."""
-        if self._touched:
-            self._touched = 0.0
-            self.hold()
+        which count a lease `LEASE_S` after its last touch. It never writes a lease
+        that is not there (released meanwhile, by another thread)."""
+        if self._touched and os.getpid() == self._pid:
+            try:
+                os.utime(self.path)
+            except OSError:
+                pass
 
     def release(self) -> None:
         """Remove the lease (only in the process it is of: a forked child closing its
@@ -102,10 +113,60 @@ class Lease:
         if os.getpid() != self._pid:
             return
         self._touched = 0.0
+        with _held_lock:
+            _held.discard(self)
         try:
             self.path.unlink(missing_ok=True)
         except OSError:
             pass
+
+
+# the leases this process holds, and the one thread that keeps them (`_keeper`)
+_held: weakref.WeakSet[Lease] = weakref.WeakSet()
+_held_lock = threading.Lock()
+_tick = threading.Event()  # wakes the keeper before `KEEP_S` (tests)
+_keeping = False
+
+
+def _kept(lease: Lease) -> None:
+    """Register a lease just held with this process's keeper, started on the first
+    (not a forked build worker's touch of its parent's lease)."""
+    global _keeping
+    if lease._pid != os.getpid():
+        return
+    with _held_lock:
+        _held.add(lease)
+        if not _keeping:
+            _keeping = True
+            threading.Thread(target=_keeper, name="tracedpush-leases", daemon=True).start()
+
+
+def _keeper() -> None:
+    """Every `KEEP_S`, touch each lease this process holds (`Lease.keep`): a process
+    that holds an index open for days without updating it keeps it counted by the
+    hosts that share the index root. A lease let go (its index closed, or the index
+    object gone) is not kept. It sleeps between touches: nothing else."""
+    while True:
+        _tick.wait(KEEP_S)
+        _tick.clear()
+        with _held_lock:
+            leases = list(_held)
+        for lease in leases:
+            lease.keep()
+
+
+def _forked() -> None:
+    """In a forked child: the parent's leases are its own, and its keeper was not
+    copied (a child that holds a lease starts its own)."""
+    global _keeping, _held_lock, _tick
+    _held_lock = threading.Lock()  # the parent's may have been held as it forked
+    _tick = threading.Event()
+    _held.clear()
+    _keeping = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def files(directory: Path) -> list[Path]:
