@@ -216,3 +216,23 @@ def test_a_process_that_ends_without_closing_the_index_takes_its_lease(index: Pa
     done = subprocess.run([sys.executable, "-c", code, str(index)], capture_output=True)
     assert done.returncode == 0, done.stderr
     assert index_lease.files(index) == []
+
+
+def test_a_keeper_that_cannot_start_leaves_the_lease_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At interpreter shutdown (Python 3.12+) no thread starts: the lease is still
+    written and nothing raises into the index; a later lease starts the keeper."""
+
+    def refuse(_self: threading.Thread) -> None:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(index_lease, "_keeping", False)
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    (tmp_path / "a").mkdir()
+    lease = index_lease.Lease(tmp_path / "a")
+    lease.hold()
+    assert lease.path.exists()
+    assert index_lease._keeping is False
+    monkeypatch.undo()
+    lease.release()

@@ -137,8 +137,11 @@ def _kept(lease: Lease) -> None:
     with _held_lock:
         _held.add(lease)
         if not _keeping:
+            try:
+                threading.Thread(target=_keeper, name="tracedpush-leases", daemon=True).start()
+            except RuntimeError:  # at interpreter shutdown: the lease is written, unkept
+                return
             _keeping = True
-            threading.Thread(target=_keeper, name="tracedpush-leases", daemon=True).start()
 
 
 def _keeper() -> None:
