@@ -27,7 +27,8 @@ Removing an index loses nothing but time: the next report or console of its trac
 builds it again. Only the index's own files are deleted; an index a process has open
 (a console following a run, a build under way) is never removed: on this host /proc
 says which; another host's process sharing the root says so by the lease it keeps in
-the index (lease-<host>-<pid>, touched as it updates, counted for a day).
+the index (lease-<host>-<pid>, touched as it updates and at least hourly, counted
+three hours after its last touch).
 With ${envs.INDEX_MAX_SIZE} set (e.g. 50G), every build under the root, and every
 update that grows an index there, prunes it to that size (as `prune --max-size`),
 never the index it made.
