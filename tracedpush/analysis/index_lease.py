@@ -28,7 +28,6 @@ import socket
 import sys
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,14 +51,14 @@ class User:
     host: str = ""
 
     def __str__(self) -> str:
-        """ "pid command", or "host pid command (lease)"."""
+        """As a line says it: "pid command", or "host pid command (lease)"."""
         if self.host:
             return f"{self.host} {self.pid} {self.command} (lease)"
         return f"{self.pid} {self.command}"
 
     @property
     def who(self) -> str:
-        """ "pid N" or "host pid N", for a status column."""
+        """For a status column: "pid N" or "host pid N"."""
         return f"{self.host} pid {self.pid}" if self.host else f"pid {self.pid}"
 
 
@@ -122,7 +121,7 @@ class Lease:
 
 
 # the leases this process holds, and the one thread that keeps them (`_keeper`)
-_held: weakref.WeakSet[Lease] = weakref.WeakSet()
+_held: set[Lease] = set()  # until released (as it exits, where its index is not closed)
 _held_lock = threading.Lock()
 _tick = threading.Event()  # wakes the keeper before `KEEP_S` (tests)
 _keeping = False
@@ -147,8 +146,8 @@ def _kept(lease: Lease) -> None:
 def _keeper() -> None:
     """Every `KEEP_S`, touch each lease this process holds (`Lease.keep`): a process
     that holds an index open for days without updating it keeps it counted by the
-    hosts that share the index root. A lease let go (its index closed, or the index
-    object gone) is not kept. It sleeps between touches: nothing else."""
+    hosts that share the index root. A lease released (its index closed) is not kept.
+    It sleeps between touches: nothing else."""
     while True:
         _tick.wait(KEEP_S)
         _tick.clear()
