@@ -281,6 +281,56 @@ def test_push_registration_second_walks_into_decode() -> None:
     assert r.complete and r.problems == []
 
 
+def test_a_registration_that_came_after_p_gave_up_puts_ds_chain_on_the_path() -> None:
+    """Seen on real engines (D's API server starved on P's busy core): D's API server
+    held the request 30 s, P's lease on the blocks expired waiting for the registration,
+    and D then registered and waited for a WRITE that never came. P's writer never had
+    the request: the path is D's chain, not 30 s of P's "writer queue"."""
+    spec = push_spec(
+        **{
+            sc.SPAN_REQUEST: ("proxy", 0, 60_010, {sc.ERROR_TYPE: sc.ERR_CLIENT_DISCONNECT}),
+            sc.SPAN_PROXY_DECODE: ("proxy", 1.5, 60_005, {}, [(sc.EVENT_REQUEST_SENT, 1.5)]),
+            sc.SPAN_DECODE: (
+                "decode",
+                2.5,
+                60_000,
+                {},
+                [
+                    (sc.EVENT_HTTP_RECEIVED, 2.5),
+                    (sc.EVENT_SCHEDULER_RECEIVED, 30_990),
+                    (sc.EVENT_BLOCKS_ALLOCATED, 30_995),
+                ],
+            ),
+            sc.SPAN_KV_REGISTER: ("decode", 30_995, 31_020),
+            sc.SPAN_KV_RENDEZVOUS: (
+                "prefill",
+                60,
+                30_060,
+                {sc.RENDEZVOUS_FIRST: "prefill", sc.ERROR_TYPE: sc.ERR_LEASE_EXPIRED},
+                [(sc.EVENT_PREFILL_FINISHED, 60), (sc.EVENT_HANDED_TO_WRITER, 61)],
+            ),
+            sc.SPAN_KV_NOTIFY: ("decode", 31_020, 59_990),
+        }
+    )
+    del spec[sc.SPAN_KV_DESC_PREP], spec[sc.SPAN_KV_WRITE]
+    (r,) = exact(trace("push", spec)).requests
+    assert r.ttft_ms is None
+    assert [(s.phase, round(s.start_ms, 6), round(s.duration_ms, 6)) for s in r.critical_path] == [
+        (phases.PROXY, 0.0, 1.5),
+        (phases.NETWORK, 1.5, 1.0),
+        (phases.API_SERVER, 2.5, 30_987.5),  # where the time went
+        (phases.QUEUE_WAIT, 30_990.0, 5.0),
+        (phases.REGISTRATION, 30_995.0, 25.0),
+        (phases.NOTIFY_COUNTING, 31_020.0, 28_970.0),  # a WRITE that never came
+        (phases.DECODE_SCHEDULING, 59_990.0, 10.0),
+    ]
+    assert any("ended without D's registration" in p for p in r.problems)
+    # on P's own clock it waited for the registration, not in its writer's queue
+    p_phases = r.engine_phases_ms["prefill"]
+    assert p_phases[phases.REGISTRATION_WAIT] == pytest.approx(30_000.0)
+    assert phases.WRITER_QUEUE not in p_phases and phases.STEP_HANDOFF not in p_phases
+
+
 def test_rendezvous_order_inferred_without_attribute() -> None:
     spans = trace("push", push_spec())
     rdv = next(s for s in spans if s.name == sc.SPAN_KV_RENDEZVOUS)

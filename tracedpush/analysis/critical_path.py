@@ -15,7 +15,9 @@ push: first token <- decode end <- kv.notify end <- kv.notify start <- WRITE lan
       request_sent),
       or D's (registration delivery <- kv.register end, registration <- blocks_allocated,
       queue wait <- scheduler_received, api server <- http_received, network <-
-      proxy.decode request_sent) <- receipt (proxy).
+      proxy.decode request_sent) <- receipt (proxy). A rendezvous that ended without
+      D's registration and no WRITE (P gave up on it): kv.notify start <- D's chain
+      from its registration on; P's writer never had the request.
 pull: first token <- decode end <- kv.read end (minus its polling lag) <- kv.read start
       <- kv.desc_prep <- blocks_allocated (step handoff) <- D's queue wait, api server,
       network <- proxy.decode request_sent <- relay (kv.relay start) <- proxy.prefill end
@@ -278,18 +280,34 @@ def _push_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
         Step(ph.FIRST_DECODE_STEP, s_d, c.end(dec), dec, need=sc.SPAN_DECODE),
         Step(ph.DECODE_SCHEDULING, s_d, c.end(notify), dec, need=sc.SPAN_KV_NOTIFY),
         Step(ph.NOTIFY_COUNTING, s_d, heard, notify, need=sc.SPAN_KV_NOTIFY),
-        Step(ph.NOTIFICATION, s_d, landed, None, need=sc.SPAN_KV_WRITE),
-        Step(ph.WRITE, s_p, c.start(write), write, need=sc.SPAN_KV_WRITE),
-        Step(ph.DESC_PREP, s_p, c.end(prep), prep, need=sc.SPAN_KV_DESC_PREP),
-        Step(ph.DESC_PREP, s_p, c.start(prep), prep, need=sc.SPAN_KV_DESC_PREP),
-        # the writer started it -> descriptor prep (a first-contact handshake sits here)
-        Step(ph.DESC_PREP, s_p, c.end(rdv), rdv, need=sc.SPAN_KV_RENDEZVOUS),
-        Step(ph.WRITER_QUEUE, s_p, None if h_ is None else _latest(h_, ready), rdv),
-        Step(ph.STEP_HANDOFF, s_p, ready, rdv, need=sc.SPAN_KV_RENDEZVOUS),
     ]
-    if first == "prefill":  # the registration came second: D's side is on the path
+    unmatched = _unmatched(rdv, r_, write)
+    if unmatched:
+        # P gave up waiting before D's registration reached it (lease expired, or it
+        # timed out): P's writer never had the request, so nothing of P's side is what
+        # the request waited on. D waited for KV from its registration on, and the
+        # registration went when D's own chain let it: that chain is the path.
+        problems.append(
+            f"{sc.SPAN_KV_RENDEZVOUS} ended without D's registration: the path goes "
+            "through D's side"
+        )
+    else:
         steps += [
-            Step(ph.REGISTRATION_DELIVERY, s_d, c.end(reg), None, need=sc.SPAN_KV_REGISTER),
+            Step(ph.NOTIFICATION, s_d, landed, None, need=sc.SPAN_KV_WRITE),
+            Step(ph.WRITE, s_p, c.start(write), write, need=sc.SPAN_KV_WRITE),
+            Step(ph.DESC_PREP, s_p, c.end(prep), prep, need=sc.SPAN_KV_DESC_PREP),
+            Step(ph.DESC_PREP, s_p, c.start(prep), prep, need=sc.SPAN_KV_DESC_PREP),
+            # the writer started it -> descriptor prep (a first-contact handshake sits here)
+            Step(ph.DESC_PREP, s_p, c.end(rdv), rdv, need=sc.SPAN_KV_RENDEZVOUS),
+            Step(ph.WRITER_QUEUE, s_p, None if h_ is None else _latest(h_, ready), rdv),
+            Step(ph.STEP_HANDOFF, s_p, ready, rdv, need=sc.SPAN_KV_RENDEZVOUS),
+        ]
+        if first == "prefill":  # D's registration reached P's writer after it was sent
+            steps.append(
+                Step(ph.REGISTRATION_DELIVERY, s_d, c.end(reg), None, need=sc.SPAN_KV_REGISTER)
+            )
+    if first == "prefill" or unmatched:  # the registration came second: D's side
+        steps += [
             Step(ph.REGISTRATION, s_d, c.start(reg), reg, need=sc.SPAN_KV_REGISTER),
             Step(ph.REGISTRATION, s_d, c.event(dec, sc.EVENT_BLOCKS_ALLOCATED), reg, optional=True),
         ]
@@ -304,6 +322,12 @@ def _push_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
         leg, more = _leg(c, pre, sc.SPAN_PREFILL, s_p, pp, c.start(pp), sc.SPAN_PROXY_PREFILL)
     steps += [*leg, Step(ph.PROXY, s_x, 0.0, root)]
     return steps, first, problems + more
+
+
+def _unmatched(rdv: Span | None, registration_in: float | None, write: Span | None) -> bool:
+    """P's rendezvous ended without D's registration (`registration_arrived`) and no
+    WRITE followed: P released or gave up on the blocks before the registration came."""
+    return rdv is not None and registration_in is None and write is None
 
 
 def _pull_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, list[str]]:
@@ -625,7 +649,9 @@ def engine_phases(ix: TraceIndex) -> dict[str, dict[str, float]]:
         if f_ is not None and r_ is not None:
             put(PREFILL, ph.REGISTRATION_WAIT, _gap_ms(f_, max(f_, r_)))
         ready = max((t for t in (f_, r_) if t is not None), default=None)
-        if h_ is not None and ready is not None:
+        if _unmatched(rdv, r_, write):  # P waited for a registration that never came
+            put(PREFILL, ph.REGISTRATION_WAIT, _gap_ms(f_, rdv.end_ns if rdv else None))
+        elif h_ is not None and ready is not None:
             put(PREFILL, ph.STEP_HANDOFF, _gap_ms(ready, max(ready, h_)))
             if rdv is not None:
                 put(PREFILL, ph.WRITER_QUEUE, _gap_ms(max(ready, h_), rdv.end_ns))
