@@ -28,6 +28,7 @@ import pytest
 from tracedpush import semconv
 from tracedpush.analysis import TraceStore, analyze
 from tracedpush.analysis.steps import EngineSteps
+from tracedpush.launcher import shm
 from tracedpush.launcher.metrics import metric_sum
 from tracedpush.launcher.processes import busy_ports, http_ok, lock_delegation_env
 from tracedpush.testing.figures import Figures
@@ -60,6 +61,7 @@ class Up:
         self, mode: str, run_dir: Path, *extra: str, env: dict[str, str] | None = None
     ) -> None:
         self.run_dir = run_dir
+        self.shm_before = shm.names()  # segments an engine killed outright leaks, the stop removes
         argv = [sys.executable, "-m", "tracedpush", "up", "--mode", mode, "--run-dir", str(run_dir)]
         argv += extra
         for flag, port in {**PORTS, **SIDE}.items():
@@ -101,11 +103,13 @@ class Up:
         return int(found[-1])
 
     def stop_clean(self, *more_ports: int) -> None:
-        """Stop, and check `up` left no process and no bound port behind."""
+        """Stop, and check `up` left no process, no bound port and no shared-memory
+        segment of its engines (a killed engine's) behind."""
         rest = self.stop()
         assert "no process left, ports free" in rest, rest[-3000:]
         assert [pid for pid in self.seen if alive(pid)] == []
         assert busy_ports([*PORTS.values(), *SIDE.values(), *more_ports]) == []
+        assert (shm.names() - self.shm_before) - shm.in_use() == set(), rest[-2000:]
 
     def stop(self) -> str:
         if self.proc.poll() is None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tracedpush.launcher import engine_tmp, servers
+from tracedpush.launcher import engine_tmp, servers, shm
 from tracedpush.launcher.affinity import CORES_ENV, engine_cores
 from tracedpush.launcher.processes import (
     EnginesLock,
@@ -158,6 +158,10 @@ class Deployment:
         self.startup_seconds: float | None = None
         # the engines' TMPDIR (`engine_tmp`): made as they start, removed at the stop
         self.engine_tmp: Path | None = None
+        # shared-memory segments there before the engines started, and those the
+        # stop removed: the engines' leaked ones (`shm`)
+        self._shm_before: set[str] | None = None
+        self.shm_removed: list[str] = []
         c = self.config
         ncpu = os.cpu_count() or 1
         on_cpu = c.platform == "cpu"  # one core per engine; a GPU engine is not pinned
@@ -326,6 +330,8 @@ class Deployment:
             self.traces_dir.mkdir(parents=True, exist_ok=True)
         if self.engine_tmp is None:
             self.engine_tmp = engine_tmp.make()
+        if self._shm_before is None:
+            self._shm_before = shm.names()
         t0 = time.monotonic()
         if c.collect:  # first: the engines export to it from their first span
             collect, env = self.collect_process()
@@ -508,8 +514,17 @@ class Deployment:
             if self.engine_tmp is not None and report.clean:  # else in use: a later sweep
                 engine_tmp.remove(self.engine_tmp)
                 self.engine_tmp = None
+            removed: list[str] = []
+            if self._shm_before is not None and report.clean:
+                removed = shm.remove_new(self._shm_before)
+                self.shm_removed += removed
+                self._shm_before = None
             if report.clean:
-                self.log(f"stopped in {report.seconds:.1f}s; no process left, ports free")
+                leaked = f"; removed {len(removed)} leaked shared-memory segment(s)"
+                self.log(
+                    f"stopped in {report.seconds:.1f}s; no process left, ports free"
+                    + (leaked if removed else "")
+                )
             else:
                 self.log(
                     f"teardown NOT clean: leftover pids {report.leftover_pids}, "
