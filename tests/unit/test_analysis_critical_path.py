@@ -329,6 +329,15 @@ def test_a_registration_that_came_after_p_gave_up_puts_ds_chain_on_the_path() ->
     p_phases = r.engine_phases_ms["prefill"]
     assert p_phases[phases.REGISTRATION_WAIT] == pytest.approx(30_000.0)
     assert phases.WRITER_QUEUE not in p_phases and phases.STEP_HANDOFF not in p_phases
+    # the same spans without P's failure (a trace that only lost its WRITE): usual rules
+    spec[sc.SPAN_KV_RENDEZVOUS] = (
+        *spec[sc.SPAN_KV_RENDEZVOUS][:3],
+        {},
+        spec[sc.SPAN_KV_RENDEZVOUS][4],
+    )
+    (r,) = exact(trace("push", spec)).requests
+    assert not any("ended without D's registration" in p for p in r.problems)
+    assert phases.WRITER_QUEUE in r.engine_phases_ms["prefill"]
 
 
 def test_rendezvous_order_inferred_without_attribute() -> None:

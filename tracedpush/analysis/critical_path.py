@@ -324,10 +324,19 @@ def _push_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
     return steps, first, problems + more
 
 
+_GAVE_UP = frozenset({sc.ERR_LEASE_EXPIRED, sc.ERR_REGISTRATION_TIMEOUT})
+
+
 def _unmatched(rdv: Span | None, registration_in: float | None, write: Span | None) -> bool:
-    """P's rendezvous ended without D's registration (`registration_arrived`) and no
-    WRITE followed: P released or gave up on the blocks before the registration came."""
-    return rdv is not None and registration_in is None and write is None
+    """P's rendezvous failed for want of D's registration (lease expired, or the wait
+    timed out: no `registration_arrived`) and no WRITE followed. Only that failure says
+    P gave up; a trace that merely lost spans or events is left to the usual rules."""
+    return (
+        rdv is not None
+        and registration_in is None
+        and write is None
+        and rdv.attributes.get(sc.ERROR_TYPE) in _GAVE_UP
+    )
 
 
 def _pull_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, list[str]]:
