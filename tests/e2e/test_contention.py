@@ -28,18 +28,8 @@ import pytest
 
 from tracedpush.analysis import TraceStore, analyze
 from tracedpush.bench.workload import PromptMaker, run_workload
-from tracedpush.launcher import Deployment, DeploymentConfig
-from tracedpush.launcher.affinity import PIN_ENV
-from tracedpush.launcher.servers import traced_connectors_available
-from tracedpush.model.build import ensure_model
-
-PORTS = {
-    "proxy_port": 18300,
-    "prefill_port": 18400,
-    "decode_port": 18500,
-    "prefill_side_channel_port": 15800,
-    "decode_side_channel_port": 15900,
-}
+from tracedpush.launcher import Deployment
+from tracedpush.testing.unpinned import push_config
 
 ROUNDS = 3  # workloads at most, each about 20 s here
 
@@ -47,17 +37,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 
 def test_unpinned_engines_are_named_as_contending(tmp_path: Path) -> None:
-    if not traced_connectors_available():
-        pytest.skip("the traced connectors are not installed")
-    config = DeploymentConfig(
-        mode="push",
-        model=ensure_model(None),
-        run_dir=tmp_path / "run",
-        traces_dir=tmp_path / "traces",
-        trace=True,
-        env={PIN_ENV: "0"},
-        **PORTS,
-    )
+    config = push_config(tmp_path)
     prompts = PromptMaker(config.model, seed=5).mix([512, 1024], 24)
     with Deployment(config) as d:
         for _ in range(ROUNDS):

@@ -1,0 +1,64 @@
+"""A push registration that comes after P gave up: the report blames D's side, not P's.
+
+Reproduces what this machine showed by hand: with D's API server on P's compute core
+and P busy-polling there while it waits for D's registration, D's API server gets no
+CPU until P's lease on the blocks expires; D then registers too late and waits for a
+WRITE that never comes, until the client gives up. The critical path must put that
+time where it went, D's `api server`, and not in P's writer queue (P's writer never had
+the request). The lease is shortened to `LEASE_S` so the test takes seconds.
+
+Whether the kernel starves D's API server is its choice. With prompts of 1,536-3,072
+tokens (D's API server has tokenizing to do when P turns busy) it did in each of the
+four runs here; with 512-1,024 tokens, in three of four. If no request failed, the test
+skips and says so. It runs before the shared
+deployments start (no `pd` marker), on its own ports, under the session's engines lock.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tracedpush import semconv as sc
+from tracedpush.analysis import TraceStore, analyze, phases
+from tracedpush.bench.workload import PromptMaker, run_workload
+from tracedpush.launcher import Deployment
+from tracedpush.testing.unpinned import push_config
+
+LEASE_S = 5  # P's kv_lease_duration (vLLM's default is 30 s)
+CLIENT_TIMEOUT_S = 4 * LEASE_S
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+
+def test_a_registration_after_the_lease_is_blamed_on_ds_side(tmp_path: Path) -> None:
+    config = push_config(tmp_path, kv_extra_config={"kv_lease_duration": LEASE_S})
+    prompts = PromptMaker(config.model, seed=7).mix([1536, 3072], 4)
+    with Deployment(config) as d:
+        p_core = int(d.prefills[0].cpus)
+        api = next(p.pid for p in d.processes if p.name == d.decodes[0].name)
+        for tid in os.listdir(f"/proc/{api}/task"):  # its threads, not its EngineCore
+            os.sched_setaffinity(int(tid), {p_core})
+        results = run_workload(
+            d.proxy_url, prompts, 4, 8, model=d.model_name, timeout_s=CLIENT_TIMEOUT_S
+        )
+        time.sleep(2.0)  # the engines' last spans
+    if all(r.ok for r in results):
+        pytest.skip("D's API server was not starved on P's core this time: nothing to blame")
+    run = analyze(TraceStore.from_path(config.traces_dir), spans=False)
+    late = [
+        r for r in run.requests if r.failure is not None and r.failure.type == sc.ERR_LEASE_EXPIRED
+    ]
+    assert late, [(r.request_id, r.failure) for r in run.requests if r.failure]
+    for r in late:
+        path = {s.phase: s for s in r.critical_path}
+        print(r.request_id, [(s.phase, round(s.duration_ms)) for s in r.critical_path])
+        # D's API server held it past P's lease; P's writer never had it
+        assert path[phases.API_SERVER].service == sc.SERVICE_DECODE
+        assert path[phases.API_SERVER].duration_ms > 0.8 * LEASE_S * 1000, r.critical_path
+        assert phases.WRITER_QUEUE not in path and phases.STEP_HANDOFF not in path
+        assert any("ended without D's registration" in p for p in r.problems), r.problems
+        assert phases.REGISTRATION_WAIT in r.engine_phases_ms["prefill"]

@@ -1,0 +1,41 @@
+"""A push 1P1D of its own for the e2e tests that need the engines unpinned (their
+API servers and EngineCores floating over both cores, as the launcher's old partial
+pinning left them): `test_contention`, `test_late_registration`. Each runs before the
+shared deployments start, on these ports, under the session's engines lock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tracedpush.launcher import DeploymentConfig
+from tracedpush.launcher.affinity import PIN_ENV
+from tracedpush.launcher.servers import traced_connectors_available
+from tracedpush.model.build import ensure_model
+
+PORTS = {
+    "proxy_port": 18300,
+    "prefill_port": 18400,
+    "decode_port": 18500,
+    "prefill_side_channel_port": 15800,
+    "decode_side_channel_port": 15900,
+}
+
+
+def push_config(tmp_path: Path, **more: Any) -> DeploymentConfig:
+    """A traced push deployment with tree pinning off (`more`: other config fields);
+    skips the test where the traced connectors are not installed."""
+    if not traced_connectors_available():
+        pytest.skip("the traced connectors are not installed")
+    return DeploymentConfig(
+        mode="push",
+        model=ensure_model(None),
+        run_dir=tmp_path / "run",
+        traces_dir=tmp_path / "traces",
+        trace=True,
+        env={PIN_ENV: "0"},
+        **PORTS,
+        **more,
+    )
