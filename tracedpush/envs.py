@@ -9,6 +9,7 @@ anything starts.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 # where `tracedpush report` and the console keep the analysis index of trace files when
 # no --index-dir is given: a directory per set of trace paths under this one, instead of
@@ -19,6 +20,14 @@ INDEX_ROOT = "TRACEDPUSH_INDEX_ROOT"
 # until they fit (`analysis.index_cache.keep_under_cap`; as ccache's max_size); unset:
 # only `tracedpush index prune` removes any
 INDEX_MAX_SIZE = "TRACEDPUSH_INDEX_MAX_SIZE"
+
+
+def user_cache(*parts: str) -> Path:
+    """``$XDG_CACHE_HOME`` (default ~/.cache)/tracedpush/`parts`: the user-level cache
+    every checkout on a machine shares (the tiny model, the analysis code's digests)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(cache).expanduser().joinpath("tracedpush", *parts)
+
 
 _FALSE = ("0", "false", "no", "off")
 _TRUE = ("1", "true", "yes", "on")

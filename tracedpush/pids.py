@@ -1,10 +1,13 @@
-"""Whether a process lives, by pid, in one place. Dependency-free, so any layer may use
-it: the launcher sweeping its dead launchers' temp directories (`launcher.engine_tmp`),
-the analysis telling a live index lease from a dead one (`analysis.index_lease`)."""
+"""Whether a process lives, and what it holds open, by pid, in one place. Dependency-free,
+so any layer may use it: the launcher sweeping its dead launchers' temp directories
+(`launcher.engine_tmp`) and its engines' leaked shared memory (`launcher.shm`), the
+analysis telling a live index lease from a dead one (`analysis.index_lease`) and an
+index in use from one that is not (`analysis.index_cache`)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 
 def alive(pid: int) -> bool:
@@ -17,3 +20,19 @@ def alive(pid: int) -> bool:
     except PermissionError:  # another user's process: alive
         return True
     return True
+
+
+def open_files(pid_dir: Path) -> list[str]:
+    """What the descriptors of the process at ``/proc/<pid>`` point at (none: it ended,
+    or is not ours to read). Linux."""
+    try:
+        fds = list((pid_dir / "fd").iterdir())
+    except OSError:
+        return []
+    out = []
+    for fd in fds:
+        try:
+            out.append(os.readlink(fd))
+        except OSError:  # closed meanwhile
+            pass
+    return out

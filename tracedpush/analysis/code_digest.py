@@ -23,6 +23,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from tracedpush import envs
+
 _DIGEST = re.compile(r"[0-9a-f]{16}")
 KEEP = 32  # cache entries kept (one per version of the sources seen): the newest
 _DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
@@ -30,8 +32,7 @@ _DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 def cache_dir() -> Path:
     """Where digests are kept: ``$XDG_CACHE_HOME`` (default ~/.cache)/tracedpush/code-digests."""
-    cache = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
-    return Path(cache).expanduser() / "tracedpush" / "code-digests"
+    return envs.user_cache("code-digests")
 
 
 def digest(files: Sequence[Path], salt: str = "") -> str:

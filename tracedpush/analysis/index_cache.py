@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tracedpush import envs
+from tracedpush import envs, pids
 from tracedpush.analysis import index_lease
 from tracedpush.analysis.index import _DB, INDEX_DIRNAME, format_key, own_files
 
@@ -124,7 +124,7 @@ def in_use(directories: Sequence[Path]) -> dict[Path, list[index_lease.User]]:
     for pid_dir in proc.iterdir() if proc is not None and wanted else ():
         if not pid_dir.name.isdigit() or pid_dir.name == str(os.getpid()):
             continue
-        links = _open_files(pid_dir)
+        links = pids.open_files(pid_dir)
         for prefix, d in wanted.items():
             if any(link.startswith(prefix) for link in links):
                 out.setdefault(d, []).append(index_lease.User(int(pid_dir.name), _command(pid_dir)))
@@ -311,21 +311,6 @@ def _mtime(f: Path) -> float:
         return f.stat().st_mtime
     except OSError:
         return 0.0
-
-
-def _open_files(pid_dir: Path) -> list[str]:
-    """What a process's descriptors point at (none: it ended, or is not ours to read)."""
-    try:
-        fds = list((pid_dir / "fd").iterdir())
-    except OSError:
-        return []
-    out = []
-    for fd in fds:
-        try:
-            out.append(os.readlink(fd))
-        except OSError:  # closed meanwhile
-            pass
-    return out
 
 
 def _command(pid_dir: Path) -> str:

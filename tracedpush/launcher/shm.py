@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tracedpush import pids
+
 SHM = Path("/dev/shm")
 # multiprocessing's names: shared_memory segments, and named semaphores (locks)
 PREFIXES = ("psm_", "sem.mp-")
@@ -39,10 +41,10 @@ def in_use(root: Path = SHM, proc: Path = PROC) -> set[str]:
     where = str(root) + os.sep
     used: set[str] = set()
     try:
-        pids = [p for p in proc.iterdir() if p.name.isdigit()]
+        procs = [p for p in proc.iterdir() if p.name.isdigit()]
     except OSError:
         return used
-    for pid in pids:
+    for pid in procs:
         try:
             with (pid / "maps").open() as fh:
                 for line in fh:
@@ -51,13 +53,9 @@ def in_use(root: Path = SHM, proc: Path = PROC) -> set[str]:
                         used.add(line[at + len(where) :].split()[0])
         except OSError:
             pass
-        try:
-            for fd in (pid / "fd").iterdir():
-                target = os.readlink(fd)
-                if target.startswith(where):
-                    used.add(target[len(where) :].split()[0])
-        except OSError:
-            pass
+        for target in pids.open_files(pid):
+            if target.startswith(where):
+                used.add(target[len(where) :].split()[0])
     return used
 
 

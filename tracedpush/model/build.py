@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tracedpush import envs
 from tracedpush.model.corpus import paragraphs
 
 MODEL_NAME = "tiny-qwen2"
@@ -91,8 +92,7 @@ def default_model_dir() -> Path:
     env = os.environ.get(ENV_DIR)
     if env:
         return Path(env).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
-    return Path(cache).expanduser() / "tracedpush" / "models" / MODEL_NAME
+    return envs.user_cache("models", MODEL_NAME)
 
 
 def _sha256(path: Path) -> str:
