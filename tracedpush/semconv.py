@@ -187,6 +187,8 @@ EXPORT_EXPORTER: Final = "tracedpush.export.exporter"  # str[]: "jsonl" | "otlp"
 EXPORT_EXPORTED: Final = "tracedpush.export.exported"  # int[]: spans delivered
 EXPORT_QUEUED: Final = "tracedpush.export.queued"  # int[]: spans waiting in its queue
 EXPORT_FAILING: Final = "tracedpush.export.failing"  # bool[]: its last attempt failed
+# bool: the record the process wrote as it shut down; a process with none was killed
+EXPORT_FINAL: Final = "tracedpush.export.final"
 EXPORT_DROPPED_QUEUE_FULL: Final = "tracedpush.export.dropped.queue_full"  # int[]
 EXPORT_DROPPED_EXPORT_FAILED: Final = "tracedpush.export.dropped.export_failed"  # int[]
 EXPORT_DROPPED_STORE_FULL: Final = "tracedpush.export.dropped.store_full"  # int[]

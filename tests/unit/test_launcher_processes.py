@@ -42,14 +42,30 @@ FAKE_SERVER = textwrap.dedent(
         sys.exit(3)
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if mode in ("ordered", "leaves_child"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the child waits for it
     child = os.fork()
     if child == 0:
         if mode == "stubborn":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if mode in ("ordered", "leaves_child"):  # note who sent the SIGTERM, then exit
+            sender = signal.sigwaitinfo({signal.SIGTERM}).si_pid
+            with open(pidfile + ".sender", "w") as f:
+                f.write(str(sender))
+            os._exit(0)
         while True:
             time.sleep(1)
     if mode == "ok":  # like vLLM's API server: on SIGTERM, stop the child, then exit
         signal.signal(signal.SIGTERM, lambda *a: (os.kill(child, signal.SIGTERM), os._exit(0)))
+    if mode == "ordered":  # ... and wait for it (vLLM with --shutdown-timeout)
+        signal.signal(
+            signal.SIGTERM,
+            lambda *a: (os.kill(child, signal.SIGTERM), os.waitpid(child, 0), os._exit(0)),
+        )
+    if mode == "leaves_child":  # exits at once, its child left behind
+        signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+    if mode in ("ordered", "leaves_child"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     with open(pidfile, "w") as f:
         f.write(f"{os.getpid()} {child}")
     class H(http.server.BaseHTTPRequestHandler):
@@ -77,7 +93,7 @@ def fake(tmp_path: Path):
     script.write_text(FAKE_SERVER)
     started: list[ManagedProcess] = []
 
-    def start(name: str, mode: str = "ok") -> tuple[ManagedProcess, Path]:
+    def start(name: str, mode: str = "ok", own_tree: bool = False) -> tuple[ManagedProcess, Path]:
         port, pidfile = free_port(), tmp_path / f"{name}.pids"
         proc = ManagedProcess(
             name,
@@ -85,6 +101,7 @@ def fake(tmp_path: Path):
             tmp_path / f"{name}.log",
             ports=(port,),
             health_url=f"http://127.0.0.1:{port}/health",
+            stops_own_tree=own_tree,
         )
         proc.start(dict(os.environ))
         started.append(proc)
@@ -119,6 +136,34 @@ def test_sigterm_ignoring_tree_is_killed(fake):
     assert report.killed == ["stubborn"] and report.clean
     assert not any(alive(p) for p in pids)
     assert session_members({proc.pid}) == []
+
+
+@pytest.mark.parametrize("own_tree", [True, False])
+def test_a_server_that_stops_its_own_tree_is_signalled_alone(fake, own_tree):
+    """vLLM's API server stops EngineCore and workers in order, each flushing its spans;
+    a SIGTERM to the whole group reaches them at once instead (and vLLM then killed
+    them mid-flush). The child notes who sent its SIGTERM."""
+    proc, pidfile = fake("decode", mode="ordered", own_tree=own_tree)
+    wait_healthy([proc], timeout=60, interval=0.1)
+
+    report = stop_all([proc], grace=10.0)
+
+    assert report.clean and report.killed == []
+    sender = int(Path(f"{pidfile}.sender").read_text())
+    assert sender == (proc.pid if own_tree else os.getpid())
+
+
+def test_what_a_server_that_stops_its_own_tree_leaves_is_stopped_at_once(fake):
+    """Its server exited without stopping its child: the group gets SIGTERM then, not a
+    SIGKILL after the grace."""
+    proc, pidfile = fake("decode", mode="leaves_child", own_tree=True)
+    wait_healthy([proc], timeout=60, interval=0.1)
+    t0 = time.monotonic()
+
+    report = stop_all([proc], grace=10.0)
+
+    assert report.clean and report.killed == [] and time.monotonic() - t0 < 5.0
+    assert int(Path(f"{pidfile}.sender").read_text()) == os.getpid()
 
 
 def test_failed_start_names_the_server_and_shows_its_log(fake):

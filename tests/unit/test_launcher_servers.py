@@ -138,3 +138,36 @@ def test_max_model_len_capped_by_model(tmp_path: Path):
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 2048}))
     assert servers.model_max_len(tmp_path, 4096) == 2048
     assert servers.model_max_len(tmp_path / "nowhere", 4096) == 4096
+
+
+def test_engines_drain_and_stop_after_the_proxy_prefill_first(model: Path, tmp_path: Path):
+    """vLLM's default --shutdown-timeout 0 kills EngineCore and workers at once, before
+    the connectors flush their last spans: engines get one (theirs wins), are signalled
+    alone, and stop after the proxy, prefill before decode, before the collector."""
+    d = Deployment(
+        DeploymentConfig(
+            mode="push",
+            model=model,
+            run_dir=tmp_path,
+            num_prefill=2,
+            collect=True,
+            decode_args=("--shutdown-timeout", "3"),
+        ),
+        log=None,
+        lock=False,
+    )
+    procs = {e.name: d.engine_process(e)[0] for e in d.engines}
+    assert all(p.stops_own_tree for p in procs.values())
+    assert _arg(procs["prefill"].argv, "--shutdown-timeout") == "10"
+    decode = procs["decode"].argv
+    flags = [i for i, a in enumerate(decode) if a == "--shutdown-timeout"]
+    assert [decode[i + 1] for i in flags] == ["10", "3"]  # argparse: the last one wins
+    proxy, collect = d.proxy_process()[0], d.collect_process()[0]
+    assert not proxy.stops_own_tree and not collect.stops_own_tree
+    d.processes = [collect, *procs.values(), proxy]  # the order they start in
+    assert [[p.name for p in stage] for stage in d._stop_order()] == [
+        ["proxy"],
+        ["prefill", "prefill-1"],
+        ["decode"],
+        [collect.name],
+    ]

@@ -293,20 +293,23 @@ def test_handshake_failure_fails_the_registration():
     assert notify.attributes[semconv.NOTIFY_RECEIVED] == 0
 
 
+def _decode_registered() -> list[tuple]:
+    """D's worker: blocks allocated at 1.003 s, the registration sent to P at 1.031 s."""
+    return [
+        ev.Facts(
+            1005 * MS,
+            (
+                new_event(D_ID, 1000 * MS, D_PARENT),
+                ev.Alloc(1003 * MS, D_ID, 10, 1201, "prefill-engine-001"),
+            ),
+        ),
+        ev.SendNotif(1031 * MS, "agent-p", reg_msg(D_ID)),
+    ]
+
+
 def test_missing_notifications_time_out_as_errors():
     b, exp = make("push", "decode", "worker")
-    b.feed(
-        [
-            ev.Facts(
-                1005 * MS,
-                (
-                    new_event(D_ID, 1000 * MS, D_PARENT),
-                    ev.Alloc(1003 * MS, D_ID, 10, 1201, "prefill-engine-001"),
-                ),
-            ),
-            ev.SendNotif(1031 * MS, "agent-p", reg_msg(D_ID)),
-        ]
-    )
+    b.feed(_decode_registered())
     assert [s.name for s in exp.get_finished_spans()] == [semconv.SPAN_KV_REGISTER]
     b.sweep(now_ns=1031 * MS + int(60e9))  # not stale yet
     assert len(exp.get_finished_spans()) == 1
@@ -314,6 +317,58 @@ def test_missing_notifications_time_out_as_errors():
     notify = by_name(exp)[semconv.SPAN_KV_NOTIFY]
     assert notify.status.status_code is StatusCode.ERROR
     assert "no completion notification" in notify.status.description
+
+
+def test_a_decode_request_aborted_while_waiting_closes_its_notify_at_once():
+    """D's scheduler ended it (the client left while D waited for P's WRITE): the worker
+    learns that through the step metadata and closes kv.notify a second later, not at
+    the stale limit, when a stop soon after would have lost it. A late notification
+    then makes no second span."""
+    b, exp = make("push", "decode", "worker")
+    b.feed(
+        [
+            *_decode_registered(),
+            ev.Facts(9000 * MS, (ev.Finished(8999 * MS, D_ID, "FINISHED_ABORTED", 10),)),
+        ]
+    )
+    b.sweep(now_ns=9000 * MS + int(0.5e9))  # a late notification may still come
+    assert [s.name for s in exp.get_finished_spans()] == [semconv.SPAN_KV_REGISTER]
+    b.sweep(now_ns=9000 * MS + int(1.5e9))
+    notify = by_name(exp)[semconv.SPAN_KV_NOTIFY]
+    assert (notify.start_time, notify.end_time) == (1031 * MS, 9000 * MS)
+    assert notify.attributes[semconv.ERROR_TYPE] == semconv.ERR_NOTIFY_TIMEOUT
+    assert notify.status.description == (
+        "no completion notification arrived before the request ended (FINISHED_ABORTED) "
+        "(none from agent agent-p)"
+    )
+    b.feed([ev.Notifs(9600 * MS, {"agent-p": [f"{D_ID}:1".encode()]})])
+    b.sweep(now_ns=9600 * MS + int(200e9))
+    assert len(exp.get_finished_spans()) == 2 and b.orphans == 0
+
+
+def _new_then_finished(req_id: str, parent: int, t: int, status: str, n_blocks: int) -> tuple:
+    """The step metadata of a request the scheduler saw arrive at 1 s and ended at `t`."""
+    return ev.Facts(
+        t, (new_event(req_id, 1000 * MS, parent), ev.Finished(t - MS, req_id, status, n_blocks))
+    )
+
+
+def test_a_decode_request_aborted_before_it_had_blocks_gets_no_kv_spans():
+    """Aborted in D's queue: nothing was registered, so no kv.notify says a notification
+    is missing (the engine's `decode` span says it was aborted)."""
+    b, exp = make("push", "decode", "worker")
+    b.feed([_new_then_finished(D_ID, D_PARENT, 9000 * MS, "FINISHED_ABORTED", 0)])
+    b.sweep(now_ns=9000 * MS + int(2e9))
+    b.flush_all()
+    assert exp.get_finished_spans() == ()
+
+
+def test_a_prefill_request_the_scheduler_finished_keeps_waiting_for_its_registration():
+    """On P the scheduler's end is where the push starts, not where it ends."""
+    b, exp = make("push", "prefill", "worker")
+    b.feed([_new_then_finished(P_ID, P_PARENT, 1300 * MS, "FINISHED_LENGTH_CAPPED", 10)])
+    b.sweep(now_ns=1300 * MS + int(10e9))
+    assert exp.get_finished_spans() == ()
 
 
 def test_registration_that_never_arrives_is_a_rendezvous_error():

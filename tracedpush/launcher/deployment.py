@@ -34,7 +34,7 @@ from tracedpush.launcher.processes import (
     busy_ports,
     http_ok,
     session_members,
-    stop_all,
+    stop_stages,
     tail,
     wait_healthy,
 )
@@ -72,6 +72,10 @@ class DeploymentConfig:
     served_model_name: str | None = None  # None: the model directory's name
     startup_timeout: float = 420.0
     stop_grace: float = 15.0
+    # vLLM's --shutdown-timeout for every engine (unless its args set one): how long a
+    # stopping engine drains requests before vLLM kills its EngineCore. vLLM's default, 0,
+    # kills EngineCore and workers at once, before the connectors flush their last spans.
+    engine_shutdown_timeout: int = 10
     engine_args: tuple[str, ...] = ()  # appended to every vLLM command line
     prefill_args: tuple[str, ...] = ()  # then these to prefill engines' (e.g. -tp 2)
     decode_args: tuple[str, ...] = ()  # and these to decode engines'
@@ -386,6 +390,7 @@ class Deployment:
             self.traces_dir if c.trace and not c.collect else None,
             c.engine_args_for(e.role),
             kv_extra_config=c.kv_extra_config,
+            shutdown_timeout=c.engine_shutdown_timeout,
             kv_buffer_device=c.kv_buffer_device or "cpu",
         )
         env = servers.engine_env(e, platform=c.platform or "cpu")
@@ -402,6 +407,7 @@ class Deployment:
             ports=(e.port, e.side_channel_port),
             health_url=f"{e.url}/health",
             cpus=engine_cores(env),
+            stops_own_tree=True,
         )
         return proc, env
 
@@ -500,6 +506,22 @@ class Deployment:
             for p in self.processes
         }
 
+    def _stop_order(self) -> list[list[ManagedProcess]]:
+        """Who stops before whom (docs/launcher.md, "Stopping"):
+
+        1. the proxy: the engines abort the requests it leaves, before they drain;
+        2. the prefill engines, then 3. the decode engines: a decode engine keeps the
+           blocks of a request abandoned while it waited for a push WRITE until that
+           request's prefill engine is gone (vLLM never frees them; the connector's
+           `producer_watch` does once P refuses connections), so it drains only then;
+        4. the collector, which the engines export their last spans to.
+        """
+        by_role = [{e.name for e in self.engines if e.role == r} for r in ("prefill", "decode")]
+        engines = set().union(*by_role)
+        collect = [p for p in self.processes if p.name == servers.COLLECT_SERVICE_NAME]
+        rest = [p for p in self.processes if p.name not in engines and p not in collect]
+        return [rest, *([p for p in self.processes if p.name in r] for r in by_role), collect]
+
     def stop(self) -> TeardownReport:
         """Stop every process this deployment started; safe to call twice."""
         if self.teardown is not None and not self.processes:
@@ -508,7 +530,7 @@ class Deployment:
         try:
             if self.processes:
                 self.log("stopping " + ", ".join(p.name for p in self.processes))
-            report = stop_all(self.processes, grace=self.config.stop_grace, log=self.log)
+            report = stop_stages(self._stop_order(), grace=self.config.stop_grace, log=self.log)
             self.processes = []
             self.teardown = report
             if self.engine_tmp is not None and report.clean:  # else in use: a later sweep

@@ -197,6 +197,11 @@ class ManagedProcess:
     ports: tuple[int, ...] = ()
     health_url: str | None = None
     cpus: tuple[int, ...] = ()  # CPU affinity of the server and all it starts; () = inherit
+    # Stop by a SIGTERM to the server alone, which stops what it started in order (vLLM's
+    # API server: EngineCore, then workers, each connector flushing its last spans); a
+    # SIGTERM to the whole group lets the server kill them mid-flush. What is left of the
+    # group when the server has exited gets SIGTERM then.
+    stops_own_tree: bool = False
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _env: dict[str, str] = field(default_factory=dict, repr=False)
     _cwd: str | os.PathLike[str] | None = field(default=None, repr=False)
@@ -313,6 +318,24 @@ class TeardownReport:
         return not self.leftover_pids and not self.bound_ports
 
 
+def stop_stages(
+    stages: Sequence[Sequence[ManagedProcess]],
+    grace: float = 15.0,
+    port_timeout: float = 10.0,
+    log: Callable[[str], None] | None = None,
+) -> TeardownReport:
+    """`stop_all` on each stage in turn (e.g. the proxy, then the engines it sends to,
+    then the collector they export to); one report for all."""
+    t0 = time.monotonic()
+    reports = [stop_all(stage, grace, port_timeout, log) for stage in stages if stage]
+    return TeardownReport(
+        [pid for r in reports for pid in r.leftover_pids],
+        [port for r in reports for port in r.bound_ports],
+        time.monotonic() - t0,
+        [name for r in reports for name in r.killed],
+    )
+
+
 def stop_all(
     procs: Sequence[ManagedProcess],
     grace: float = 15.0,
@@ -321,21 +344,28 @@ def stop_all(
 ) -> TeardownReport:
     """SIGTERM every process group, SIGKILL what is left after ``grace``, reap, verify.
 
-    Signals go to whole sessions, so vLLM's EngineCore/worker children are included.
+    Signals go to whole sessions, so vLLM's EngineCore/worker children are included; a
+    server that `stops_own_tree` gets its SIGTERM first and its group once it has exited.
     """
     t0 = time.monotonic()
     started = [p for p in procs if p.popen is not None]
     sids = {p.popen.pid for p in started if p.popen}
+    pending = {p.name for p in started if p.stops_own_tree}  # their group not signalled yet
     for p in started:
         if p.alive() and log:
             log(f"stopping {p.name} (pid {p.pid})")
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(p.pid or 0, signal.SIGTERM)
+            if p.stops_own_tree:
+                os.kill(p.pid or 0, signal.SIGTERM)
+            else:
+                os.killpg(p.pid or 0, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         for p in started:
-            if p.popen:
-                p.popen.poll()
+            if p.popen and p.popen.poll() is not None and p.name in pending:
+                pending.discard(p.name)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid or 0, signal.SIGTERM)
         if not session_members(sids):
             break
         time.sleep(0.2)

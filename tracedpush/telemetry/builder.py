@@ -58,6 +58,7 @@ class SpanBuilder:
         self.tracker = RequestTracker(config.tp_size, config.mode)
         self.emitter = emitter_for(self.spans, self.tracker.handshakes, self.tracker.peers)
         self.process = ProcessSpans(self.spans)
+        self._closes_when_ended = config.side == "worker" and config.role == "decode"
         self.spans_built = 0
         self.orphans = 0  # requests seen only through stray events, not traced
         self.unsampled = 0  # requests whose traceparent said not sampled: no spans built
@@ -106,6 +107,11 @@ class SpanBuilder:
         now_ns = now_ns or time.time_ns()
         limit = int(self.cfg.stale_after_s * 1e9)
         linger = int(self.cfg.linger_s * 1e9)
+        # D's worker learns of the scheduler's end through the step metadata (`Finished`
+        # facts). A decode request ended there (aborted while it waited for the KV) gets
+        # nothing more, so its open phases close now, not at the stale limit, when an
+        # engine stopped soon after would have lost them.
+        ended = int(self.cfg.ended_grace_s * 1e9) if self._closes_when_ended else limit
         out: list[ReadableSpan] = []
         for base, req in list(self.tracker.reqs.items()):
             idle = now_ns - req.last_seen
@@ -115,6 +121,9 @@ class SpanBuilder:
             elif idle > limit:
                 self._try_emit(req, out, final=True)
                 self.tracker.forget(base)
+            elif req.finished and idle > ended:
+                self._try_emit(req, out, final=True)
+                req.done = True  # kept until `linger_s`: a late notification is absorbed
             elif req.xfer_done and now_ns - req.xfer_done > 1e9 and len(req.telemetry) < req.n_done:
                 req.n_done = len(req.telemetry)  # telemetry never came: emit without it
                 self._try_emit(req, out, final=False)

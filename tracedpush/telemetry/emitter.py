@@ -113,9 +113,11 @@ class Emitter:
                     if req.reg_agents:
                         attrs[semconv.NOTIFY_RANKS] = []
                     waited = self._silent(req)
+                    ended = req.finished and self.spans.cfg.role == "decode"
                     error = (
                         semconv.ERR_NOTIFY_TIMEOUT,
                         "no completion notification arrived"
+                        + (f" before the request ended ({req.finish_status})" if ended else "")
                         + (f" (none from {waited})" if waited else ""),
                     )
                     end = max(start, req.last_seen)

@@ -131,10 +131,10 @@ class Pipeline:
                 self.observations.put((SPANS_DROPPED, reason, delta))
                 seen[reason] = n
 
-    def emit_export_stats(self, force: bool = False) -> None:
+    def emit_export_stats(self, force: bool = False, final: bool = False) -> None:
         """One `engine.export` span with the sink's counters, if spans were built or lost
         since the last one (or `force`). The span itself is not counted as built, so an
-        idle process emits none."""
+        idle process emits none until the `final` one it writes as it shuts down."""
         with self._lock:
             stats = self.sink.stats()
             key = (
@@ -142,13 +142,13 @@ class Pipeline:
                 self.events_dropped,
                 *(w["dropped"] for w in stats.values()),
             )
-            if not force and key == self._last_export_stats:
+            if not (force or final) and key == self._last_export_stats:
                 return
             self._last_export_stats = key
-            self._guard(self._emit_export_record, stats)
+            self._guard(self._emit_export_record, stats, final)
 
-    def _emit_export_record(self, stats: dict[str, dict[str, Any]]) -> None:
-        span = self.builder.process.export_span(stats, time.time_ns(), self.events_dropped)
+    def _emit_export_record(self, stats: dict[str, dict[str, Any]], final: bool) -> None:
+        span = self.builder.process.export_span(stats, time.time_ns(), self.events_dropped, final)
         if span is not None:
             self.sink.emit([span])
 
@@ -185,5 +185,5 @@ class Pipeline:
             self._guard(self.builder.flush_all)
         # so the last record counts what the final spans became (not waiting on a dead exporter)
         self.sink.flush(timeout_s, failing_wait_s=0.0)
-        self.emit_export_stats()
+        self.emit_export_stats(final=True)
         self.sink.shutdown(timeout_s)

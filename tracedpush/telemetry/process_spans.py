@@ -128,6 +128,7 @@ class ProcessSpans:
         exporters: Mapping[str, Mapping[str, Any]],
         now_ns: int,
         events_dropped: int = 0,
+        final: bool = False,
     ) -> ReadableSpan | None:
         """One `engine.export` span from `SpanSink.stats()` (a plain dict, so this module
         needs nothing from the exporters); None without exporters. Counts are cumulative:
@@ -145,6 +146,7 @@ class ProcessSpans:
         for reason, key in sc.EXPORT_DROPPED.items():
             attrs[key] = [int(r.get("dropped_by_reason", {}).get(reason, 0)) for r in rows]
         attrs[sc.EVENTS_DROPPED] = events_dropped
+        attrs[sc.EXPORT_FINAL] = final
         return self._span(sc.SPAN_ENGINE_EXPORT, start, now_ns, attrs)
 
     def _span(self, name: str, start: int, end: int, attrs: dict[str, Any]) -> ReadableSpan:

@@ -63,7 +63,11 @@ class PushPrefillEmitter(Emitter):
 
 class PushDecodeEmitter(Emitter):
     def emit(self, req: RequestState, out: Out, final: bool) -> None:
-        if semconv.SPAN_KV_REGISTER not in req.emitted and req.alloc and (req.reg_sent or final):
+        if not req.alloc:  # no blocks yet, so nothing registered and nothing to wait for
+            if final:  # e.g. aborted in D's queue
+                req.done = True
+            return
+        if semconv.SPAN_KV_REGISTER not in req.emitted and (req.reg_sent or final):
             self._register(req, out)
         self.notify(req, out, final, done_time=req.results_done)
 

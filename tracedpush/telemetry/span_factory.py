@@ -63,6 +63,9 @@ class BuilderConfig:
     tp_size: int = 1
     stale_after_s: float = 120.0  # close a request's open phases as failed after this
     linger_s: float = 300.0  # keep a finished request this long to absorb late events
+    # D's worker: close a request's open KV phases this long after D's scheduler ended it
+    # (an abort while it waited for the KV): nothing will arrive for it any more
+    ended_grace_s: float = 1.0
 
 
 class SpanFactory:
