@@ -78,16 +78,12 @@ def test_a_registration_after_the_lease_is_blamed_on_ds_side(tmp_path: Path) -> 
     for r in late:
         path = {s.phase: s for s in r.critical_path}
         print(r.request_id, [(s.phase, round(s.duration_ms)) for s in r.critical_path])
-        # D's API server held it past P's lease; P's writer never had it. Where the kernel
-        # gave no receive stamp (a new connection's first bytes), the loop's late read
-        # stands in and the starving shows as D's `network` (docs/spans.md, http_received)
+        # D's API server held it past P's lease; P's writer never had it. Not `network`:
+        # a new connection's first bytes, read late, carry the kernel's arrival stamp
+        # too (receive_clock keeps the kernel stamping; once they showed as network)
         assert path[phases.API_SERVER].service == sc.SERVICE_DECODE
-        held = sum(
-            s.duration_ms
-            for s in r.critical_path
-            if s.service == sc.SERVICE_DECODE and s.phase in (phases.NETWORK, phases.API_SERVER)
-        )
-        assert held > 0.8 * LEASE_S * 1000, r.critical_path
+        assert path[phases.API_SERVER].duration_ms > 0.8 * LEASE_S * 1000, r.critical_path
+        assert path[phases.NETWORK].duration_ms < 50.0, r.critical_path
         assert phases.WRITER_QUEUE not in path and phases.STEP_HANDOFF not in path
         # D's side is whole: its worker closed kv.notify when the request was aborted,
         # and the stop let it flush (in session 48's CI run they were lost, and the path

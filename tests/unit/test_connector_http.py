@@ -6,6 +6,7 @@ Starlette's test client: the app sees the body exactly as vLLM would parse it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import io
@@ -239,6 +240,44 @@ def test_kernel_stamp_excludes_the_wait_for_the_event_loop(loop: str):
     read_ms = (got[receive_clock.SCOPE_KEY] - sent) / 1e6
     assert 0.0 <= kernel_ms < 10.0, got
     assert read_ms >= 50.0, got  # what the read clock alone would have called network
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_new_connections_first_bytes_get_the_kernel_stamp_too(loop: str):
+    """A request on a new connection arrives while the loop is busy and no connection is
+    open (the engine's API server starved on a busy core, the proxy's pool empty): the
+    stamp is still the arrival, not the late read. Linux stamps arriving packets only
+    while some socket asks for stamps; the receive clock keeps one asking."""
+    app = FastAPI()
+
+    @app.post("/echo")
+    async def echo(request: Request) -> dict:
+        return {k: request.scope.get(k) for k in (receive_clock.SCOPE_KEY, KERNEL)}
+
+    @app.post("/block_later")
+    async def block_later() -> dict:
+        asyncio.get_running_loop().call_later(0.05, time.sleep, 0.3)
+        return {}
+
+    http_connector.install_read_clock()
+    try:
+        with _serve(app, loop=loop) as port:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("POST", "/block_later", b"{}", {"Connection": "close"})
+            conn.getresponse().read()
+            conn.close()
+            time.sleep(0.15)  # the loop sleeps now, with no connection open
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            sent = time.time_ns()
+            conn.request("POST", "/echo", b"{}")
+            got = json.loads(conn.getresponse().read())
+            conn.close()
+    finally:
+        http_connector.uninstall_read_clock()
+    read_ms = (got[receive_clock.SCOPE_KEY] - sent) / 1e6
+    assert read_ms >= 100.0, got  # the loop did read it late
+    assert got[KERNEL] is not None, got
+    assert 0.0 <= (got[KERNEL] - sent) / 1e6 < 10.0, got
 
 
 def test_connections_leave_no_descriptors_behind():

@@ -14,9 +14,12 @@ the bytes arrived, and it tells only a ``recvmsg`` with ``SO_TIMESTAMPNS`` set; 
   arrival of the last bytes queued (TCP keeps the newest stamp when it coalesces). It then
   stops watching until the loop has read those bytes, so a transport whose reading is
   paused never makes it spin;
-- the protocol's ``data_received`` takes the stamp. Where none is there (the first bytes
-  of a new connection, a platform without the option, the transport's callback won the
-  race) the read clock stands in: the moment the loop read them.
+- the protocol's ``data_received`` takes the stamp. Where none is there (a platform
+  without the option, the transport's callback won the race) the read clock stands in:
+  the moment the loop read them;
+- the kernel stamps arriving packets only while some socket on the host asks for stamps,
+  so one socket asks for as long as the clock is on (`_keep_stamping`): without it, the
+  first bytes of a new connection that came while no connection was open had no stamp.
 
 Both land in the ASGI scope (`KERNEL_SCOPE_KEY`, `SCOPE_KEY`), overwritten by each read of
 the request, so they tell when its *last* bytes arrived: the proxy's ``request_sent`` is
@@ -180,8 +183,36 @@ _WRAPPERS = {
 }
 
 
+_asking: list[socket.socket] = []  # the one socket that keeps the kernel stamping
+
+
+def _keep_stamping() -> None:
+    """Hold one socket that asks for receive stamps, for as long as the clock is on.
+
+    Linux stamps an arriving packet only while some socket on the host asks for stamps
+    (a global switch), and a stamp asked for later is not made up. So the first bytes of
+    a new connection, in before its `KernelStamp` existed, had none whenever no other
+    connection was open (the proxy's pool empty, the API server starved on a busy core),
+    and the loop's late read stood in for them: `network` took the API server's wait.
+    The cost is the kernel stamping every packet, as it does for any host that runs
+    tcpdump or chrony."""
+    if _asking or not SO_TIMESTAMPNS:
+        return
+    try:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    except OSError:
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    except OSError:
+        sock.close()
+        return
+    _asking.append(sock)
+
+
 def install_read_clock() -> list[str]:
     """Wrap uvicorn's HTTP protocols (idempotent); returns the classes wrapped now."""
+    _keep_stamping()
     done = []
     for module, name in _PROTOCOLS:
         try:
@@ -202,6 +233,8 @@ def uninstall_read_clock() -> None:
         for method, original in originals.items():
             setattr(cls, method, original)
     _WRAPPED.clear()
+    while _asking:
+        _asking.pop().close()
 
 
 def received_ns(scope: Mapping[str, Any]) -> int:
