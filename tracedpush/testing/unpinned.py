@@ -1,8 +1,9 @@
-"""A push 1P1D of its own for the e2e tests that need the engines unpinned (their
-API servers and EngineCores floating over both cores, as the launcher's old partial
-pinning left them): `test_contention`, `test_late_registration`. Each runs before the
-shared deployments start, on these ports, under the session's engines lock. Both also
-check that the stop let every engine process flush its last spans (`unflushed`)."""
+"""A push 1P1D of its own for the e2e tests that run one outside the shared deployments:
+`test_contention`, which needs the engines unpinned (their API servers and EngineCores
+floating over both cores, as the launcher's old partial pinning left them), and
+`test_late_registration`, which holds D's API server itself. Each runs before the shared
+deployments start, on these ports, under the session's engines lock. Both also check
+that the stop let every engine process flush its last spans (`unflushed`)."""
 
 from __future__ import annotations
 
