@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
 from tracedpush import semconv
-from tracedpush.analysis import TraceStore
+from tracedpush.analysis import TraceStore, analyze
 from tracedpush.telemetry import export
 from tracedpush.telemetry.builder import BuilderConfig
 from tracedpush.telemetry.export import (
@@ -667,3 +667,24 @@ def test_export_and_drop_counters_land_in_the_trace_store(tmp_path):
     assert last[semconv.EXPORT_DROPPED_EXPORT_FAILED] == [0, 3]
     assert records[0]["traceId"] == records[1]["traceId"]  # the process's own trace
     assert records[1]["startTimeUnixNano"] == records[0]["endTimeUnixNano"]
+    assert (first[semconv.EXPORT_FINAL], last[semconv.EXPORT_FINAL]) == (False, True)
+
+    # what `tracedpush report` makes of them: the latest record is the account
+    health = analyze(TraceStore.from_path(tmp_path)).export_health()
+    (acc,) = health.accounts
+    assert (acc.exported, acc.lost, acc.final, acc.failing) == (6, 6, True, ("otlp",))
+    assert acc.dropped == {semconv.DROP_QUEUE_FULL: 3, semconv.DROP_EXPORT_FAILED: 3}
+    lines = health.lines()
+    assert lines[0].startswith("- decode-engine-001 worker (pid ")
+    assert "6 spans dropped (export_failed 3, queue_full 3)" in lines[0]
+    assert lines[-1] == "- 1 of 1 flushed their last spans as they shut down"
+
+    # the same process killed before its last record: it never flushed
+    (path,) = [f for f in tmp_path.iterdir() if f.suffix == ".jsonl"]
+    final = f'"{semconv.EXPORT_FINAL}","value":{{"boolValue":true}}'
+    kept = [line for line in path.read_text().splitlines() if final not in line]
+    assert len(kept) < len(path.read_text().splitlines())
+    path.write_text("\n".join(kept) + "\n")
+    health = analyze(TraceStore.from_path(tmp_path)).export_health()
+    assert [a.final for a in health.accounts] == [False]
+    assert "1 of 1 wrote no final record: still running, or killed before" in health.lines()[-1]

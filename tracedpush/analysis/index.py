@@ -60,6 +60,7 @@ from tracedpush.analysis._gc import paused_gc
 from tracedpush.analysis.analyze import PROCESS_SPANS, request_analysis
 from tracedpush.analysis.build_progress import ANALYSE, OFFSETS, READ, STORE, Throttled
 from tracedpush.analysis.columns import row_of
+from tracedpush.analysis.export_health import ExportHealth
 from tracedpush.analysis.forked import can_fork
 from tracedpush.analysis.index_lease import Lease
 from tracedpush.analysis.index_live import TraceSlots
@@ -143,7 +144,8 @@ if hasattr(os, "register_at_fork"):  # not on Windows, where nothing forks
 LIVE_REANALYSE = 2_000
 # the modules whose code decides what a kept result holds (`format_key`)
 _RESULT_MODULES = (
-    "analyze", "columns", "critical_path", "failures", "index", "index_build", "index_live",
+    "analyze", "columns", "critical_path", "export_health", "failures", "index", "index_build",
+    "index_live",
     "index_steps", "index_store", "load", "model", "otlp", "otlp_fast", "phases", "results",
     "sampling", "skew", "steps", "steps_columns", "timeline", "tpot",
 )  # fmt: skip
@@ -1086,6 +1088,7 @@ class AnalysisIndex:
         if write:
             derived["summary"] = placed.summary()
             derived["contention"] = contention(placed)
+            derived["exports"] = ExportHealth.of(placed.exports)
             self._write_steps()
         return LazySteps(lambda: placed, bool(placed), derived)  # summarised once
 
@@ -1100,6 +1103,8 @@ class AnalysisIndex:
             derived["summary"] = self._steps[1].summary()
         if "contention" not in derived:
             derived["contention"] = contention(self._steps[1])
+        if "exports" not in derived:
+            derived["exports"] = ExportHealth.of(self._steps[1].exports)
         kept = [("steps", self._steps), ("steps_derived", (key, truthy, derived))]
         if self._tpot is not None and self._tpot[0] == key:
             kept.append(("steps_tpot", self._tpot))

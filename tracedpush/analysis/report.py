@@ -99,6 +99,9 @@ def render(run: RunAnalysis, *, slowest: int = 10, cmp: Comparison | None = None
         problems = _problems(run)
         if problems:
             out.append(problems)
+    health = run.export_health()
+    if health:
+        out.append(_section("Trace completeness", "\n".join(health.lines())))
     return "\n".join(out)
 
 

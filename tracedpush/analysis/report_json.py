@@ -191,4 +191,5 @@ def _document(run: RunAnalysis, requests: Any) -> dict[str, Any]:
         "comparison": compare(run).to_json(),
         "engine_steps": run.steps_summary(),
         "contention": run.contention().to_json(),
+        "trace_completeness": run.export_health().to_json(),
     }

@@ -18,6 +18,7 @@ from tracedpush.analysis.sampling import summarize as summarize_sampling
 
 if TYPE_CHECKING:
     from tracedpush.analysis.contention import Contention
+    from tracedpush.analysis.export_health import ExportHealth
     from tracedpush.analysis.steps import EngineSteps
 
 T = TypeVar("T")
@@ -460,6 +461,17 @@ class RunAnalysis:
                 return store.derived["contention"]
             store = store.get()
         return contention(store or [], event_cost_us=event_cost_us)
+
+    def export_health(self) -> ExportHealth:
+        """What each engine process's own export records say (`export_health`)."""
+        from tracedpush.analysis.export_health import ExportHealth
+
+        store = self.engine_steps
+        if isinstance(store, LazySteps):
+            if "exports" not in store.derived:  # made once, kept with the steps
+                store.derived["exports"] = ExportHealth.of(store.get().exports if store else {})
+            return store.derived["exports"]
+        return ExportHealth.of(store.exports if store is not None else {})
 
     def steps_summary(self) -> dict[str, dict[str, Any]]:
         """`EngineSteps.summary` of the run's engine steps ({} without any)."""

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from tracedpush import semconv as sc
+from tracedpush.analysis import export_health
 from tracedpush.analysis import steps_columns as cols
 from tracedpush.analysis.model import Resource, Span
 
@@ -410,6 +411,8 @@ class StepParts:
         self.engines: dict[str, EngineInfo] = {}
         self.spans = 0
         self.resources: dict[int, Resource] = {}  # every process span's, as first seen
+        # each engine process's latest engine.export record (`export_health`)
+        self.exports: dict[export_health.Key, export_health.ExportAccount] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # ids mean nothing in another process
@@ -436,6 +439,9 @@ class StepParts:
             (self.work if side == "worker" else self.sched).setdefault(_engine(s), []).append(block)
         elif s.name == sc.SPAN_ENGINE_THREADS:
             self.samples.append(sample_from_span(s))
+        elif s.name == sc.SPAN_ENGINE_EXPORT:
+            export_health.fold(self.exports, (export_health.account_from_span(s),))
+            return
         else:
             return
         self.resources.setdefault(id(s.resource), s.resource)
@@ -476,6 +482,7 @@ class StepParts:
         for eid, info in other.engines.items():
             self.engines.setdefault(eid, info)
         self.spans += other.spans
+        export_health.fold(self.exports, other.exports.values())
 
     def store(self) -> EngineSteps:
         """The joined steps (raw clocks; see `EngineSteps.place`). Uses the parts up:
@@ -485,6 +492,7 @@ class StepParts:
         store.origins = self.origins
         store.samples = sorted(self.samples, key=_by_time)
         store.engines = dict(self.engines)
+        store.exports = dict(self.exports)
         store.spans = self.spans
         store.resources = list(self.resources.values())
         store.offsets = np.zeros(len(self.origins) or 1, np.int64)
@@ -539,6 +547,7 @@ class EngineSteps:
         self.usage: Any = None
         self.usage_after: list[ThreadSample] = []
         self.engines: dict[str, EngineInfo] = {}
+        self.exports: dict[export_health.Key, export_health.ExportAccount] = {}
         self.spans = 0  # process spans read
         self.resources: list[Resource] = []  # every process span's, as first seen
         self.offsets = np.zeros(1, np.int64)  # ns per origin, as placed
@@ -607,8 +616,9 @@ class EngineSteps:
                 "samples": self._packed, "samples_n": self._packed_n}  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # older code's: no `recent`, no contention fold, the samples in one chunk
-        state = {"recent": {}, "_solo_steps": {}, "usage": None, "usage_after": [], **state}
+        # older code's: no `recent`, no contention fold, the samples in one chunk, no exports
+        state = {"recent": {}, "_solo_steps": {}, "usage": None, "usage_after": [], "exports": {},
+                 **state}  # fmt: skip
         packed, n = state.pop("samples"), state.pop("samples_n", None)
         usage = state.pop("usage"), state.pop("usage_after")
         self.__dict__.update(state)
@@ -698,6 +708,8 @@ class EngineSteps:
         out.engines = {**self.engines}
         for eid, info in parts.engines.items():
             out.engines.setdefault(eid, info)
+        out.exports = dict(self.exports)
+        export_health.fold(out.exports, parts.exports.values())
         out.spans = self.spans + parts.spans
         return out
 

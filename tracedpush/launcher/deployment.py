@@ -528,9 +528,12 @@ class Deployment:
             return self.teardown
         blocked = _block_signals()
         try:
+            stages = self._stop_order()
             if self.processes:
-                self.log("stopping " + ", ".join(p.name for p in self.processes))
-            report = stop_stages(self._stop_order(), grace=self.config.stop_grace, log=self.log)
+                self.log(
+                    "stopping " + ", then ".join(", ".join(p.name for p in s) for s in stages if s)
+                )
+            report = stop_stages(stages, grace=self.config.stop_grace, log=self.log)
             self.processes = []
             self.teardown = report
             if self.engine_tmp is not None and report.clean:  # else in use: a later sweep

@@ -1,0 +1,81 @@
+"""Trace completeness from the engines' own `engine.export` records (export_health).
+
+The records' shape is checked against the real pipeline's in test_telemetry_export.py
+(`test_export_and_drop_counters_land_in_the_trace_store`); here, how accounts fold and
+what the report says of them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tracedpush import semconv as sc
+from tracedpush.analysis.export_health import ExportHealth, account_from_span, fold
+from tracedpush.analysis.model import Resource, Span
+
+
+def record(pid: str, end_ns: int, exported: int, **more: Any) -> Span:
+    attrs: dict[str, Any] = {
+        sc.SIDE: more.pop("side", "worker"),
+        sc.ENGINE_ID: "decode-engine-001",
+        sc.EXPORT_EXPORTER: ["jsonl", "otlp"],
+        sc.EXPORT_EXPORTED: [exported, 0],
+        sc.EXPORT_FAILING: [False, more.pop("failing", False)],
+        sc.EXPORT_DROPPED_QUEUE_FULL: [0, more.pop("queue_full", 0)],
+        sc.EXPORT_DROPPED_EXPORT_FAILED: [0, 0],
+        sc.EXPORT_DROPPED_STORE_FULL: [0, 0],
+        sc.EVENTS_DROPPED: more.pop("events_dropped", 0),
+    }
+    if "final" in more:
+        attrs[sc.EXPORT_FINAL] = more.pop("final")
+    res = Resource("vllm-decode", "vllm-decode", "vm", pid)
+    return Span("a" * 32, "b" * 16, "", sc.SPAN_ENGINE_EXPORT, 1, 0, end_ns, res, attrs, [])
+
+
+def health(*spans: Span) -> ExportHealth:
+    accounts: dict = {}
+    fold(accounts, map(account_from_span, spans))
+    return ExportHealth.of(accounts)
+
+
+def test_the_latest_record_is_the_account_and_a_final_one_stays_final():
+    h = health(
+        record("7", 30, 90, final=False, queue_full=2),
+        record("7", 40, 95, final=True, queue_full=2),
+        record("7", 20, 60, final=False),  # an older record read later (another file)
+    )
+    (acc,) = h.accounts
+    assert (acc.exported, acc.lost, acc.final) == (95, 2, True)
+    assert h.lines() == [
+        "- decode-engine-001 worker (pid 7 on vm): 2 spans dropped (queue_full 2): the phases "
+        "of some requests are missing, so per-phase figures may be biased",
+        "- 1 of 1 flushed their last spans as they shut down",
+    ]
+    assert h.to_json()["spans_dropped"] == 2 and h.to_json()["unflushed"] == 0
+
+
+def test_a_process_without_a_final_record_is_named():
+    h = health(
+        record("7", 40, 95, final=True),
+        record("8", 40, 50, final=False, side="scheduler", failing=True, events_dropped=4),
+    )
+    assert [a.pid for a in h.unflushed] == ["8"]
+    lines = h.lines()
+    assert lines[0].startswith("- decode-engine-001 scheduler (pid 8 on vm): 4 events discarded")
+    assert lines[1] == "- decode-engine-001 scheduler (pid 8 on vm): its last export to otlp failed"
+    assert lines[2].startswith("- 1 of 2 wrote no final record: still running, or killed")
+    assert lines[2].endswith(": decode-engine-001 scheduler (pid 8 on vm)")
+
+
+def test_records_of_an_older_tracedpush_are_not_called_killed():
+    h = health(record("7", 40, 95), record("8", 40, 50, side="scheduler"))
+    assert h.unflushed == [] and [a.final for a in h.accounts] == [None, None]
+    assert h.lines() == [
+        "- 2 engine processes dropped no span (145 exported)",
+        "- 2 of 2 do not say whether they flushed as they shut down (written by a tracedpush "
+        "older than final records)",
+    ]
+
+
+def test_no_records_no_account():
+    assert not health()
+    assert health().lines() == ["- no export records (engine.export) in these traces"]

@@ -1,0 +1,179 @@
+"""Were the traces complete? What each engine process's own export records say.
+
+Every engine process (scheduler side and each worker) writes `engine.export` records
+(docs/spans.md): cumulative counts of the spans it delivered and dropped, by reason, and
+a last one as it shuts down (`tracedpush.export.final`). So the store itself says:
+
+* spans some exporter dropped (its queue full, the collector down, the disk full): the
+  per-phase figures of the run may then lack some requests' phases;
+* events the span builder discarded because it fell behind;
+* a process with no final record: still running, or killed before it flushed (vLLM's
+  default `--shutdown-timeout 0` does that), so its requests in flight at the end may
+  lack their last spans.
+
+Counts are cumulative, so a process's latest record is its account (`fold`); a record
+lost to a full disk is made up for by the next one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tracedpush import semconv as sc
+from tracedpush.analysis.model import Span
+
+Key = tuple[str, str, str, str]  # (service, host, pid, side)
+
+
+@dataclass(slots=True, frozen=True)
+class ExportAccount:
+    """One engine process's latest `engine.export` record."""
+
+    service: str
+    host: str
+    pid: str
+    side: str  # "scheduler" | "worker" (| "" when the record does not say)
+    engine_id: str
+    end_ns: int  # when it was written (the process's clock)
+    exported: int  # spans delivered, summed over its exporters
+    dropped: Mapping[str, int] = field(default_factory=dict)  # reason -> spans, summed
+    events_dropped: int = 0
+    failing: tuple[str, ...] = ()  # exporters whose last attempt failed
+    final: bool | None = False  # it wrote its last record as it shut down (None: its
+    # records do not say, as an older tracedpush wrote them)
+
+    @property
+    def key(self) -> Key:
+        return (self.service, self.host, self.pid, self.side)
+
+    @property
+    def name(self) -> str:
+        side = f" {self.side}" if self.side else ""
+        return f"{self.engine_id or self.service}{side} (pid {self.pid} on {self.host})"
+
+    @property
+    def lost(self) -> int:
+        return sum(self.dropped.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "service": self.service,
+            "host": self.host,
+            "pid": self.pid,
+            "side": self.side,
+            "engine_id": self.engine_id,
+            "exported": self.exported,
+            "dropped": dict(self.dropped),
+            "events_dropped": self.events_dropped,
+            "failing": list(self.failing),
+            "final": self.final,
+        }
+
+
+def _ints(value: Any) -> list[int]:
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return []
+
+
+def account_from_span(s: Span) -> ExportAccount:
+    """An `engine.export` span as its process's account."""
+    a = s.attributes
+    names = [str(n) for n in a.get(sc.EXPORT_EXPORTER) or ()]
+    failing = a.get(sc.EXPORT_FAILING) or ()
+    dropped = {reason: sum(_ints(a.get(key))) for reason, key in sc.EXPORT_DROPPED.items()}
+    events = a.get(sc.EVENTS_DROPPED)
+    return ExportAccount(
+        service=s.resource.service,
+        host=s.resource.host,
+        pid=s.resource.pid,
+        side=str(a.get(sc.SIDE) or ""),
+        engine_id=str(a.get(sc.ENGINE_ID) or ""),
+        end_ns=s.end_ns,
+        exported=sum(_ints(a.get(sc.EXPORT_EXPORTED))),
+        dropped={r: n for r, n in dropped.items() if n},
+        events_dropped=int(events) if isinstance(events, (int, float)) else 0,
+        failing=tuple(n for n, f in zip(names, failing, strict=False) if f is True),
+        final=(a.get(sc.EXPORT_FINAL) is True) if sc.EXPORT_FINAL in a else None,
+    )
+
+
+def fold(into: dict[Key, ExportAccount], accounts: Iterable[ExportAccount]) -> None:
+    """Keep each process's latest account; a final record anywhere stays final."""
+    for acc in accounts:
+        had = into.get(acc.key)
+        if had is None:
+            into[acc.key] = acc
+            continue
+        latest = acc if acc.end_ns >= had.end_ns else had
+        final = True if (acc.final or had.final) else latest.final
+        into[acc.key] = latest if latest.final == final else replace(latest, final=final)
+
+
+@dataclass(slots=True)
+class ExportHealth:
+    """Every engine process's account, by engine, side and pid."""
+
+    accounts: list[ExportAccount]
+
+    @classmethod
+    def of(cls, accounts: Mapping[Key, ExportAccount]) -> ExportHealth:
+        return cls(sorted(accounts.values(), key=lambda a: (a.engine_id, a.side, a.host, a.pid)))
+
+    def __bool__(self) -> bool:
+        return bool(self.accounts)
+
+    @property
+    def lossy(self) -> list[ExportAccount]:
+        return [a for a in self.accounts if a.lost or a.events_dropped]
+
+    @property
+    def unflushed(self) -> list[ExportAccount]:
+        return [a for a in self.accounts if a.final is False]
+
+    def lines(self) -> list[str]:
+        """What the report says: one line when all is well, else one per process."""
+        if not self.accounts:
+            return ["- no export records (engine.export) in these traces"]
+        n = len(self.accounts)
+        out = []
+        for a in self.lossy:
+            why = ", ".join(f"{reason} {k:,}" for reason, k in sorted(a.dropped.items()))
+            parts = [f"{a.lost:,} spans dropped ({why})"] if a.lost else []
+            if a.events_dropped:
+                parts.append(f"{a.events_dropped:,} events discarded by its span builder")
+            out.append(
+                f"- {a.name}: {'; '.join(parts)}: the phases of some requests are missing, "
+                "so per-phase figures may be biased"
+            )
+        for a in self.accounts:
+            if a.failing:
+                out.append(f"- {a.name}: its last export to {', '.join(a.failing)} failed")
+        if not self.lossy:
+            exported = sum(a.exported for a in self.accounts)
+            out.append(f"- {n} engine processes dropped no span ({exported:,} exported)")
+        gone = self.unflushed
+        unknown = sum(a.final is None for a in self.accounts)
+        if unknown:
+            out.append(
+                f"- {unknown} of {n} do not say whether they flushed as they shut down "
+                "(written by a tracedpush older than final records)"
+            )
+        if gone:
+            names = ", ".join(a.name for a in gone)
+            out.append(
+                f"- {len(gone)} of {n} wrote no final record: still running, or killed before "
+                f"they flushed (their requests in flight at the end may lack spans): {names}"
+            )
+        elif not unknown:
+            out.append(f"- {n} of {n} flushed their last spans as they shut down")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "processes": [a.to_json() for a in self.accounts],
+            "spans_dropped": sum(a.lost for a in self.accounts),
+            "unflushed": len(self.unflushed),
+        }
