@@ -79,3 +79,19 @@ def test_records_of_an_older_tracedpush_are_not_called_killed():
 def test_no_records_no_account():
     assert not health()
     assert health().lines() == ["- no export records (engine.export) in these traces"]
+
+
+def test_an_engine_process_with_steps_and_no_record_at_all_never_flushed():
+    """Killed before its first record (10 s in), or every record lost: its engine steps
+    still name it."""
+    accounts: dict = {}
+    fold(accounts, [account_from_span(record("7", 40, 95, final=True))])
+    seen = [
+        Resource("vllm-decode", "vllm-decode", "vm", "7"),  # the one that wrote records
+        Resource("vllm-prefill", "prefill-engine-001", "vm", "9"),
+    ]
+    h = ExportHealth.of(accounts, seen)
+    assert [(a.pid, a.recorded, a.final) for a in h.unflushed] == [("9", False, False)]
+    assert h.lines()[-1].endswith(": prefill-engine-001 (pid 9 on vm) (no record at all)")
+    # a tracedpush older than export records: nobody wrote one, nobody is blamed
+    assert not ExportHealth.of({}, seen)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tracedpush import semconv as sc
-from tracedpush.analysis.model import Span
+from tracedpush.analysis.model import Resource, Span
 
 Key = tuple[str, str, str, str]  # (service, host, pid, side)
 
@@ -43,6 +43,7 @@ class ExportAccount:
     failing: tuple[str, ...] = ()  # exporters whose last attempt failed
     final: bool | None = False  # it wrote its last record as it shut down (None: its
     # records do not say, as an older tracedpush wrote them)
+    recorded: bool = True  # False: seen in its engine steps, with no export record at all
 
     @property
     def key(self) -> Key:
@@ -69,6 +70,7 @@ class ExportAccount:
             "events_dropped": self.events_dropped,
             "failing": list(self.failing),
             "final": self.final,
+            "recorded": self.recorded,
         }
 
 
@@ -119,8 +121,22 @@ class ExportHealth:
     accounts: list[ExportAccount]
 
     @classmethod
-    def of(cls, accounts: Mapping[Key, ExportAccount]) -> ExportHealth:
-        return cls(sorted(accounts.values(), key=lambda a: (a.engine_id, a.side, a.host, a.pid)))
+    def of(
+        cls, accounts: Mapping[Key, ExportAccount], seen: Iterable[Resource] = ()
+    ) -> ExportHealth:
+        """`seen`: every process span's resource. An engine process among them with no
+        record at all (killed before its first, 10 s in, or every one lost) gets an empty
+        account, never flushed; unless no process wrote one (a tracedpush older than
+        export records)."""
+        out = list(accounts.values())
+        have = {(a.service, a.host, a.pid) for a in out}
+        for r in seen if out else ():
+            if (r.service, r.host, r.pid) not in have:
+                have.add((r.service, r.host, r.pid))
+                out.append(
+                    ExportAccount(r.service, r.host, r.pid, "", r.instance, 0, 0, recorded=False)
+                )
+        return cls(sorted(out, key=lambda a: (a.engine_id, a.side, a.host, a.pid)))
 
     def __bool__(self) -> bool:
         return bool(self.accounts)
@@ -162,7 +178,7 @@ class ExportHealth:
                 "(written by a tracedpush older than final records)"
             )
         if gone:
-            names = ", ".join(a.name for a in gone)
+            names = ", ".join(a.name + ("" if a.recorded else " (no record at all)") for a in gone)
             out.append(
                 f"- {len(gone)} of {n} wrote no final record: still running, or killed before "
                 f"they flushed (their requests in flight at the end may lack spans): {names}"

@@ -145,9 +145,8 @@ LIVE_REANALYSE = 2_000
 # the modules whose code decides what a kept result holds (`format_key`)
 _RESULT_MODULES = (
     "analyze", "columns", "critical_path", "export_health", "failures", "index", "index_build",
-    "index_live",
-    "index_steps", "index_store", "load", "model", "otlp", "otlp_fast", "phases", "results",
-    "sampling", "skew", "steps", "steps_columns", "timeline", "tpot",
+    "index_live", "index_steps", "index_store", "load", "model", "otlp", "otlp_fast", "phases",
+    "results", "sampling", "skew", "steps", "steps_columns", "timeline", "tpot",
 )  # fmt: skip
 
 
@@ -1088,7 +1087,7 @@ class AnalysisIndex:
         if write:
             derived["summary"] = placed.summary()
             derived["contention"] = contention(placed)
-            derived["exports"] = ExportHealth.of(placed.exports)
+            derived["exports"] = ExportHealth.of(placed.exports, placed.resources)
             self._write_steps()
         return LazySteps(lambda: placed, bool(placed), derived)  # summarised once
 
@@ -1104,7 +1103,7 @@ class AnalysisIndex:
         if "contention" not in derived:
             derived["contention"] = contention(self._steps[1])
         if "exports" not in derived:
-            derived["exports"] = ExportHealth.of(self._steps[1].exports)
+            derived["exports"] = ExportHealth.of(self._steps[1].exports, self._steps[1].resources)
         kept = [("steps", self._steps), ("steps_derived", (key, truthy, derived))]
         if self._tpot is not None and self._tpot[0] == key:
             kept.append(("steps_tpot", self._tpot))

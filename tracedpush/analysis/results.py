@@ -469,9 +469,16 @@ class RunAnalysis:
         store = self.engine_steps
         if isinstance(store, LazySteps):
             if "exports" not in store.derived:  # made once, kept with the steps
-                store.derived["exports"] = ExportHealth.of(store.get().exports if store else {})
+                steps = store.get() if store else None
+                store.derived["exports"] = (
+                    ExportHealth.of(steps.exports, steps.resources) if steps else ExportHealth([])
+                )
             return store.derived["exports"]
-        return ExportHealth.of(store.exports if store is not None else {})
+        return (
+            ExportHealth.of(store.exports, store.resources)
+            if store is not None
+            else ExportHealth([])
+        )
 
     def steps_summary(self) -> dict[str, dict[str, Any]]:
         """`EngineSteps.summary` of the run's engine steps ({} without any)."""
