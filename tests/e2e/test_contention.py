@@ -29,7 +29,7 @@ import pytest
 from tracedpush.analysis import TraceStore, analyze
 from tracedpush.bench.workload import PromptMaker, run_workload
 from tracedpush.launcher import Deployment
-from tracedpush.testing.unpinned import push_config, unflushed
+from tracedpush.testing.unpinned import push_config
 
 ROUNDS = 3  # workloads at most, each about 20 s here
 
@@ -54,4 +54,6 @@ def test_unpinned_engines_are_named_as_contending(tmp_path: Path) -> None:
     assert floating, "unpinned API servers / EngineCores should be allowed on 0-1"
     assert cross, [f.text for f in found.findings]
     print("\n" + "\n".join(f.text for f in cross))
-    assert unflushed(TraceStore.from_path(config.traces_dir)) == []  # the stop let them flush
+    # the stop let every engine process (P and D, scheduler and worker) flush
+    health = analyze(TraceStore.from_path(config.traces_dir), spans=False).export_health()
+    assert len(health.accounts) == 4 and health.unflushed == [], health.lines()

@@ -193,7 +193,8 @@ def test_received_is_when_the_loop_read_the_bytes_not_when_the_app_ran(http_impl
 @contextlib.contextmanager
 def _stamping_server(loop: str):
     """Real uvicorn on `loop`, with the receive clock on: /echo returns the request's
-    scope stamps, /block holds the event loop 100 ms (another request's long work)."""
+    scope stamps, /block holds the event loop 100 ms (another request's long work),
+    /block_later holds it 300 ms from 50 ms after it answered."""
     app = FastAPI()
 
     @app.post("/echo")
@@ -203,6 +204,11 @@ def _stamping_server(loop: str):
     @app.post("/block")
     async def block() -> dict:
         time.sleep(0.1)
+        return {}
+
+    @app.post("/block_later")
+    async def block_later() -> dict:
+        asyncio.get_running_loop().call_later(0.05, time.sleep, 0.3)
         return {}
 
     http_connector.install_read_clock()
@@ -248,32 +254,17 @@ def test_a_new_connections_first_bytes_get_the_kernel_stamp_too(loop: str):
     open (the engine's API server starved on a busy core, the proxy's pool empty): the
     stamp is still the arrival, not the late read. Linux stamps arriving packets only
     while some socket asks for stamps; the receive clock keeps one asking."""
-    app = FastAPI()
-
-    @app.post("/echo")
-    async def echo(request: Request) -> dict:
-        return {k: request.scope.get(k) for k in (receive_clock.SCOPE_KEY, KERNEL)}
-
-    @app.post("/block_later")
-    async def block_later() -> dict:
-        asyncio.get_running_loop().call_later(0.05, time.sleep, 0.3)
-        return {}
-
-    http_connector.install_read_clock()
-    try:
-        with _serve(app, loop=loop) as port:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-            conn.request("POST", "/block_later", b"{}", {"Connection": "close"})
-            conn.getresponse().read()
-            conn.close()
-            time.sleep(0.15)  # the loop sleeps now, with no connection open
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-            sent = time.time_ns()
-            conn.request("POST", "/echo", b"{}")
-            got = json.loads(conn.getresponse().read())
-            conn.close()
-    finally:
-        http_connector.uninstall_read_clock()
+    with _stamping_server(loop) as port:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("POST", "/block_later", b"{}", {"Connection": "close"})
+        conn.getresponse().read()
+        conn.close()
+        time.sleep(0.15)  # the loop sleeps now, with no connection open
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        sent = time.time_ns()
+        conn.request("POST", "/echo", b"{}")
+        got = json.loads(conn.getresponse().read())
+        conn.close()
     read_ms = (got[receive_clock.SCOPE_KEY] - sent) / 1e6
     assert read_ms >= 100.0, got  # the loop did read it late
     assert got[KERNEL] is not None, got

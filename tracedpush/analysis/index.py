@@ -60,7 +60,6 @@ from tracedpush.analysis._gc import paused_gc
 from tracedpush.analysis.analyze import PROCESS_SPANS, request_analysis
 from tracedpush.analysis.build_progress import ANALYSE, OFFSETS, READ, STORE, Throttled
 from tracedpush.analysis.columns import row_of
-from tracedpush.analysis.export_health import ExportHealth
 from tracedpush.analysis.forked import can_fork
 from tracedpush.analysis.index_lease import Lease
 from tracedpush.analysis.index_live import TraceSlots
@@ -1087,7 +1086,7 @@ class AnalysisIndex:
         if write:
             derived["summary"] = placed.summary()
             derived["contention"] = contention(placed)
-            derived["exports"] = ExportHealth.of(placed.exports, placed.resources)
+            derived["exports"] = placed.export_health()
             self._write_steps()
         return LazySteps(lambda: placed, bool(placed), derived)  # summarised once
 
@@ -1103,7 +1102,7 @@ class AnalysisIndex:
         if "contention" not in derived:
             derived["contention"] = contention(self._steps[1])
         if "exports" not in derived:
-            derived["exports"] = ExportHealth.of(self._steps[1].exports, self._steps[1].resources)
+            derived["exports"] = self._steps[1].export_health()
         kept = [("steps", self._steps), ("steps_derived", (key, truthy, derived))]
         if self._tpot is not None and self._tpot[0] == key:
             kept.append(("steps_tpot", self._tpot))

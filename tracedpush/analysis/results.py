@@ -469,16 +469,10 @@ class RunAnalysis:
         store = self.engine_steps
         if isinstance(store, LazySteps):
             if "exports" not in store.derived:  # made once, kept with the steps
-                steps = store.get() if store else None
-                store.derived["exports"] = (
-                    ExportHealth.of(steps.exports, steps.resources) if steps else ExportHealth([])
-                )
+                none = ExportHealth([])
+                store.derived["exports"] = store.get().export_health() if store else none
             return store.derived["exports"]
-        return (
-            ExportHealth.of(store.exports, store.resources)
-            if store is not None
-            else ExportHealth([])
-        )
+        return store.export_health() if store is not None else ExportHealth([])
 
     def steps_summary(self) -> dict[str, dict[str, Any]]:
         """`EngineSteps.summary` of the run's engine steps ({} without any)."""

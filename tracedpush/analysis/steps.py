@@ -637,6 +637,10 @@ class EngineSteps:
     def steps(self) -> Mapping[str, list[EngineStep]]:
         return _StepLists(self)
 
+    def export_health(self) -> export_health.ExportHealth:
+        """What the engine processes' own export records say (`export_health`)."""
+        return export_health.ExportHealth.of(self.exports, self.resources)
+
     @classmethod
     def from_spans(cls, spans: Iterable[Span]) -> EngineSteps:
         """From process spans, one at a time (a big run's need not be in memory at once)."""

@@ -2,8 +2,8 @@
 `test_contention`, which needs the engines unpinned (their API servers and EngineCores
 floating over both cores, as the launcher's old partial pinning left them), and
 `test_late_registration`, which holds D's API server itself. Each runs before the shared
-deployments start, on these ports, under the session's engines lock. Both also check
-that the stop let every engine process flush its last spans (`unflushed`)."""
+deployments start, on these ports, under the session's engines lock. Both also check,
+with the report's trace completeness, that the stop let every engine process flush."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from typing import Any
 
 import pytest
 
-from tracedpush import semconv as sc
-from tracedpush.analysis import TraceStore
 from tracedpush.launcher import DeploymentConfig
 from tracedpush.launcher.affinity import PIN_ENV
 from tracedpush.launcher.servers import traced_connectors_available
@@ -43,15 +41,3 @@ def push_config(tmp_path: Path, **more: Any) -> DeploymentConfig:
         **PORTS,
         **more,
     )
-
-
-def unflushed(store: TraceStore) -> list[str]:
-    """The engine processes in `store` with no `engine.export` record written as they
-    shut down (`tracedpush.export.final`): killed before their last spans were flushed."""
-    seen: dict[tuple[str, str], bool] = {}
-    for s in store.all_spans():
-        if s.resource.service in (sc.SERVICE_PREFILL, sc.SERVICE_DECODE):
-            key = (s.resource.service, s.resource.pid)
-            final = s.name == sc.SPAN_ENGINE_EXPORT and s.attributes.get(sc.EXPORT_FINAL) is True
-            seen[key] = seen.get(key, False) or final
-    return [f"{service} pid {pid}" for (service, pid), ok in sorted(seen.items()) if not ok]
