@@ -259,6 +259,19 @@ class Snapshot:
         return found if found else None
 
     @cached_property
+    def export_health(self) -> Any | None:
+        """`analysis.export_health.ExportHealth`: what the engine processes' own export
+        records say of the run's completeness (empty without records), or None from an
+        analysis without it."""
+        if not hasattr(self.run, "export_health"):
+            return None
+        try:
+            return self.run.export_health()
+        except Exception:  # a new analysis module must not break the page
+            log.exception("trace completeness failed")
+            return None
+
+    @cached_property
     def failures(self) -> Any | None:
         """`analysis.failures.FailureSummary` (failed requests by leg and type, requests
         answered despite a failed span, incomplete traces), or None from an analysis

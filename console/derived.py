@@ -44,7 +44,15 @@ DEFAULT_X, DEFAULT_Y = "prompt_tokens", "ttft_ms"
 LARGEST_MAX = 100  # the most requests the Requests page lists by its measure
 OUTLIERS_MAX = 50  # the most outliers of one phase the Phases page lists
 # what every page's first visit reads of a snapshot (`warm`)
-SHARED = ("table", "comparison", "failures", "failure_examples", "tpot_accounts", "contention")
+SHARED = (
+    "table",
+    "comparison",
+    "failures",
+    "failure_examples",
+    "tpot_accounts",
+    "contention",
+    "export_health",
+)
 
 
 def figure(snap: Snapshot, key: Hashable, make: Callable[[], Any]) -> Any:

@@ -124,6 +124,10 @@ def load_notes(snap: data.Snapshot) -> None:
     """Half-written or malformed input: say so once, quietly, without stopping."""
     if snap.index_unavailable:
         st.warning(snap.index_unavailable)
+    health = snap.export_health
+    lost = health.warning() if health is not None else ""
+    if lost:
+        st.warning(f"{lost} The Overview's *Trace completeness* names them.")
     stats = snap.stats
     if stats is None:
         return

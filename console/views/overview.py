@@ -1,5 +1,5 @@
 """Overview: push vs pull TTFT and TPOT by load and prompt length, where TTFT goes, and
-where failed requests failed."""
+where failed requests failed, and whether the traces are complete."""
 
 from __future__ import annotations
 
@@ -47,6 +47,28 @@ def failed_requests(found: Any, frame: pd.DataFrame) -> None:
         f"{found.recovered:,} answered despite a failed span, {found.incomplete:,} seen by "
         "the proxy with an incomplete trace. `tracedpush report --format json` lists every "
         "failure (`requests[].failure`)."
+    )
+
+
+def trace_completeness(health: Any) -> None:
+    """What the engine processes' own export records say (`ExportHealth`): the report's
+    lines, shown as a warning when spans were lost or an exporter fails."""
+    st.subheader("Trace completeness")
+    if not health:
+        st.caption(
+            "These traces hold no export records (`engine.export`): whether spans were "
+            "dropped is not known (a tracedpush older than them, or a source without them)."
+        )
+        return
+    said = "\n".join(health.lines())
+    if health.lossy or health.failing:
+        st.warning(said)
+    else:
+        st.markdown(said)
+    st.caption(
+        "From each engine process's own cumulative export counters (`engine.export`). "
+        "A process with no final record is still running or was killed before it flushed "
+        "(vLLM's default `--shutdown-timeout 0` does that); `tracedpush report` says the same."
     )
 
 
@@ -145,3 +167,7 @@ if found is not None and found.findings:
     st.markdown("\n".join(f"- {f.text}" for f in found.findings))
 elif found is not None:
     st.caption(f"No CPU contention found in {found.samples:,} thread samples.")
+
+health = snap.export_health
+if health is not None:
+    trace_completeness(health)

@@ -1164,9 +1164,16 @@ def test_growing_process_traces_parse_only_new_steps(
     from tracedpush.analysis import steps_columns
 
     one_host = dict.fromkeys(UNTIED, "h")  # one clock: offsets that hold still
-    gen = synthetic.generate(160, seed=13, batch=4, modes=("push",), hosts=one_host)
+    gen = synthetic.generate(  # each process's export account grows too (export_health):
+        160,  # drops on one process, no final record from another
+        seed=13,
+        batch=4,
+        modes=("push",),
+        hosts=one_host,
+        export_dropped={"p_work": 3},
+        unflushed=("d_sched",),
+    )
     pieces = _pieces(gen.documents)
-    pieces += _export_records(pieces)  # each process's account grows too (export_health)
     roots = sorted(
         int(p[2]["startTimeUnixNano"]) for p in pieces if p[2]["name"] == sc.SPAN_REQUEST
     )
@@ -1283,56 +1290,6 @@ def test_growing_process_traces_parse_only_new_steps(
 def _steps_json(store: Any) -> dict[str, list[dict]]:
     """Every engine's steps as JSON, to compare two runs' step by step."""
     return {e: [s.to_json() for s in store.steps[e]] for e in store.columns}
-
-
-def _export_records(pieces: list[Piece]) -> list[Piece]:
-    """An `engine.export` record beside every third `engine.steps` span of each process
-    trace: cumulative counts, drops on one process, a final record on all but one (a
-    process killed before it flushed), so the run's trace completeness changes as it
-    grows (`export_health`)."""
-    by_trace: dict[str, list[Piece]] = {}
-    for p in pieces:
-        if p[2]["name"] == sc.SPAN_ENGINE_STEPS:
-            by_trace.setdefault(p[2]["traceId"], []).append(p)
-    out = []
-    for t, (tid, steps) in enumerate(sorted(by_trace.items())):
-        chosen = steps[::3]
-        for k, (res, scope, span) in enumerate(chosen, start=1):
-            side = next(a for a in span["attributes"] if a["key"] == sc.SIDE)
-            engine = next(a for a in span["attributes"] if a["key"] == sc.ENGINE_ID)
-            ints = {
-                sc.EXPORT_EXPORTED: [100 * k, 0],
-                sc.EXPORT_QUEUED: [0, 0],
-                sc.EXPORT_DROPPED_QUEUE_FULL: [0, k if t == 0 else 0],
-                sc.EXPORT_DROPPED_EXPORT_FAILED: [0, 0],
-                sc.EXPORT_DROPPED_STORE_FULL: [0, 0],
-            }
-            attrs = [side, engine] + [
-                {
-                    "key": key,
-                    "value": {"arrayValue": {"values": [{"intValue": str(v)} for v in vs]}},
-                }
-                for key, vs in ints.items()
-            ]
-            attrs += [
-                {"key": sc.EXPORT_EXPORTER, "value": {"arrayValue": {"values": [
-                    {"stringValue": "jsonl"}, {"stringValue": "otlp"}]}}},
-                {"key": sc.EVENTS_DROPPED, "value": {"intValue": "0"}},
-                {"key": sc.EXPORT_FINAL,
-                 "value": {"boolValue": k == len(chosen) and t != 1}},
-            ]  # fmt: skip
-            record = {
-                "traceId": tid,
-                "spanId": f"{0xE0000000000000 + 1000 * t + k:016x}",
-                "name": sc.SPAN_ENGINE_EXPORT,
-                "kind": 1,
-                "startTimeUnixNano": span["startTimeUnixNano"],
-                "endTimeUnixNano": span["endTimeUnixNano"],
-                "attributes": attrs,
-                "status": {},
-            }
-            out.append((res, scope, record))
-    return out
 
 
 def _steps_later(

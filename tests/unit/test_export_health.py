@@ -95,3 +95,22 @@ def test_an_engine_process_with_steps_and_no_record_at_all_never_flushed():
     assert h.lines()[-1].endswith(": prefill-engine-001 (pid 9 on vm) (no record at all)")
     # a tracedpush older than export records: nobody wrote one, nobody is blamed
     assert not ExportHealth.of({}, seen)
+
+
+def test_the_page_warning_says_what_was_lost_and_nothing_when_nothing_was():
+    """The console's banner (`ExportHealth.warning`): lost spans and events, failing
+    exporters; a process that did not flush is not warned of on every page."""
+    assert health(record("7", 40, 95, final=False)).warning() == ""
+    lost = health(
+        record("7", 40, 95, final=True, queue_full=1200),
+        record("8", 40, 50, final=True, side="scheduler", events_dropped=4),
+        record("9", 40, 50, final=True),
+    )
+    assert lost.warning() == (
+        "2 of 3 engine processes lost 1,200 spans and 4 events: some requests lack phases, "
+        "so per-phase figures may be biased."
+    )
+    failing = health(record("7", 40, 95, final=True, failing=True))
+    assert failing.warning() == (
+        "The last export of 1 engine process failed, so spans may be missing from the store."
+    )

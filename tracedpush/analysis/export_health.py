@@ -149,6 +149,33 @@ class ExportHealth:
     def unflushed(self) -> list[ExportAccount]:
         return [a for a in self.accounts if a.final is False]
 
+    @property
+    def failing(self) -> list[ExportAccount]:
+        return [a for a in self.accounts if a.failing]
+
+    def warning(self) -> str:
+        """One sentence for the top of a page when spans were lost or an exporter is
+        failing ("" when neither): the figures below may be biased."""
+        parts = []
+        if self.lossy:
+            spans = sum(a.lost for a in self.lossy)
+            events = sum(a.events_dropped for a in self.lossy)
+            what = " and ".join(
+                x for x in (spans and f"{spans:,} spans", events and f"{events:,} events") if x
+            )
+            parts.append(
+                f"{len(self.lossy)} of {len(self.accounts)} engine processes lost {what}: "
+                "some requests lack phases, so per-phase figures may be biased"
+            )
+        if self.failing:
+            n = len(self.failing)
+            parts.append(
+                f"the last export of {n} engine process{'es' if n > 1 else ''} failed, so "
+                "spans may be missing from the store"
+            )
+        said = "; ".join(parts)
+        return f"{said[:1].upper()}{said[1:]}." if parts else ""
+
     def lines(self) -> list[str]:
         """What the report says: one line when all is well, else one per process."""
         if not self.accounts:
@@ -164,9 +191,8 @@ class ExportHealth:
                 f"- {a.name}: {'; '.join(parts)}: the phases of some requests are missing, "
                 "so per-phase figures may be biased"
             )
-        for a in self.accounts:
-            if a.failing:
-                out.append(f"- {a.name}: its last export to {', '.join(a.failing)} failed")
+        for a in self.failing:
+            out.append(f"- {a.name}: its last export to {', '.join(a.failing)} failed")
         if not self.lossy:
             exported = sum(a.exported for a in self.accounts)
             out.append(f"- {n} engine processes dropped no span ({exported:,} exported)")

@@ -100,6 +100,8 @@ def generate(
     http_received: bool = True,
     engine_steps: bool = True,
     unpinned_decode: bool = False,
+    export_dropped: Mapping[str, int] | None = None,
+    unflushed: Sequence[str] = (),
 ) -> SyntheticRun:
     """Simulate `n_requests` split evenly over `modes`, one run per mode, in sequence.
 
@@ -116,6 +118,9 @@ def generate(
     `engine_steps`: add the per-process step traces (``engine.steps``, ``engine.threads``;
     see `steps`). `unpinned_decode`: D's EngineCore thread may run on P's core
     (give both engines one host with `hosts` to see it as cross-engine contention).
+    With engine steps come each engine process's export records (``engine.export``):
+    `export_dropped` maps a process ("p_sched", "p_work", "d_sched", "d_work") to the
+    spans it dropped, and a process in `unflushed` writes no final record (both per mode).
     """
     rng = random.Random(seed)
     offsets_ns = {k: round(v * 1e6) for k, v in (clock_offsets_ms or {}).items()}
@@ -155,7 +160,13 @@ def generate(
         t0 = dep.last_end_ms + 1000.0
         if engine_steps:
             add_process_traces(
-                em, procs, mode, seed=seed * 7919 + mi, unpinned_decode=unpinned_decode
+                em,
+                procs,
+                mode,
+                seed=seed * 7919 + mi,
+                unpinned_decode=unpinned_decode,
+                export_dropped=export_dropped,
+                unflushed=unflushed,
             )
         for key, proc in procs.items():
             if proc.spans:

@@ -12,6 +12,10 @@
   step in which D's model runner posts a request's READ (kv.desc_prep) carries that
   descriptor prep as connector time; in push, D polls for notifications. While
   requests only wait for their KV (push), D's loop keeps stepping with empty batches.
+* Export records (``engine.export``), one every `EXPORT_EVERY_MS` per process and a
+  final one after the last request: the spans it exported so far, cumulative, as the
+  pipeline writes them. `export_dropped` makes a process drop spans (its queue full);
+  a process in `unflushed` never writes its final record (killed before it flushed).
 * Thread samples, one a second per process (EngineCore + its API server, the worker),
   with cumulative CPU consistent with that work, and cores: P on core 0, D on core 1,
   each pinned. ``unpinned_decode=True`` lets D's EngineCore thread run on both cores
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import random
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
@@ -38,6 +42,7 @@ from tracedpush.testing.synthetic.deployment import DECODE_INSTANCE, PREFILL_INS
 from tracedpush.testing.synthetic.encode import Emitter, Process
 
 P_CORE, D_CORE = 0, 1
+EXPORT_EVERY_MS = 10_000.0  # the pipeline's period between engine.export records
 
 
 @dataclass(slots=True)
@@ -437,6 +442,52 @@ def _emit_threads(
         prev, t = t, min(t + 1000.0, t1)
 
 
+def _emit_exports(
+    em: Emitter,
+    rng: random.Random,
+    proc: Process,
+    trace_id: int,
+    t0: float,
+    t1: float,
+    base: Mapping[str, Any],
+    side: str,
+    dropped: int,
+    final: bool,
+) -> None:
+    """Cumulative export records of `proc` every `EXPORT_EVERY_MS` from `t0`, the last at
+    `t1` (final unless `final` is False): the spans it ended by then, `dropped` of them
+    lost as the run goes (queue full) and the rest exported."""
+    ends = sorted(s.end_time or 0 for s in proc.spans)
+    prev, t = t0, min(t0 + EXPORT_EVERY_MS, t1)
+    while True:
+        lost = round(dropped * (t - t0) / max(t1 - t0, 1e-9))
+        ended = bisect_right(ends, em.ns(t, proc))
+        _span(
+            rng,
+            proc,
+            trace_id,
+            sc.SPAN_ENGINE_EXPORT,
+            em.ns(prev, proc),
+            em.ns(t, proc),
+            {
+                **base,
+                sc.SIDE: side,
+                sc.EXPORT_EXPORTER: ["jsonl"],
+                sc.EXPORT_EXPORTED: [max(ended - lost, 0)],
+                sc.EXPORT_QUEUED: [0],
+                sc.EXPORT_FAILING: [False],
+                sc.EXPORT_DROPPED_QUEUE_FULL: [lost],
+                sc.EXPORT_DROPPED_EXPORT_FAILED: [0],
+                sc.EXPORT_DROPPED_STORE_FULL: [0],
+                sc.EVENTS_DROPPED: 0,
+                sc.EXPORT_FINAL: final and t >= t1,
+            },
+        )
+        if t >= t1:
+            break
+        prev, t = t, min(t + EXPORT_EVERY_MS, t1)
+
+
 def add_process_traces(
     em: Emitter,
     procs: Mapping[str, Process],
@@ -444,8 +495,12 @@ def add_process_traces(
     *,
     seed: int = 0,
     unpinned_decode: bool = False,
+    export_dropped: Mapping[str, int] | None = None,
+    unflushed: Collection[str] = (),
 ) -> None:
-    """Append engine.steps and engine.threads spans to P's and D's processes."""
+    """Append engine.steps, engine.threads and engine.export spans to P's and D's
+    processes. `export_dropped`: process key ("p_sched", "p_work", "d_sched", "d_work")
+    -> spans it dropped; `unflushed`: keys of processes that write no final record."""
     rng = random.Random(seed)
     reqs = _requests(em, procs)
     if not reqs:
@@ -528,3 +583,9 @@ def add_process_traces(
         s_tid, w_tid = trace_ids[engine]
         _emit_threads(em, rng, sp, s_tid, sched, t0, t1, usage, events, base, "scheduler")
         _emit_threads(em, rng, wp, w_tid, work, t0, t1, usage, events, base, "worker")
+    drops = export_dropped or {}
+    for engine, keys in pids.items():
+        base = p_base if engine == "prefill" else d_base
+        for key, side, tid in zip(keys, ("scheduler", "worker"), trace_ids[engine], strict=True):
+            final = key not in unflushed
+            _emit_exports(em, rng, procs[key], tid, t0, t1, base, side, drops.get(key, 0), final)
