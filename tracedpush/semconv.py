@@ -41,6 +41,7 @@ SPAN_REQUEST: Final = "tracedpush.request"  # root, SERVER: proxy receipt -> res
 SPAN_PROXY_PREFILL: Final = "proxy.prefill"  # CLIENT: request to P -> P's response done
 SPAN_PROXY_DECODE: Final = "proxy.decode"  # CLIENT: request to D -> D's stream done
 SPAN_KV_RELAY: Final = "kv.relay"  # pull: P's response in hand -> D's request sent
+SPAN_PROXY_MODELS: Final = "proxy.models"  # the request waited for the model catalog
 
 # engines (scheduler side)
 SPAN_PREFILL: Final = "prefill"  # P: request arrival -> request finished
@@ -60,7 +61,13 @@ SPAN_ENGINE_STEPS: Final = "engine.steps"  # a batch of engine steps (parallel a
 SPAN_ENGINE_THREADS: Final = "engine.threads"  # one OS sample of the process's threads
 SPAN_ENGINE_EXPORT: Final = "engine.export"  # the process's export and drop counters
 
-PROXY_SPANS: Final = (SPAN_REQUEST, SPAN_PROXY_PREFILL, SPAN_PROXY_DECODE, SPAN_KV_RELAY)
+PROXY_SPANS: Final = (
+    SPAN_REQUEST,
+    SPAN_PROXY_PREFILL,
+    SPAN_PROXY_DECODE,
+    SPAN_KV_RELAY,
+    SPAN_PROXY_MODELS,
+)
 ENGINE_SPANS: Final = (SPAN_PREFILL, SPAN_DECODE)
 KV_SPANS: Final = (
     SPAN_KV_REGISTER,
@@ -211,6 +218,12 @@ UPSTREAM_URL: Final = "tracedpush.upstream"  # base URL of the engine a leg went
 TTFT_MS: Final = "tracedpush.ttft_ms"  # proxy-measured: receipt -> first token out
 OUTPUT_TOKENS: Final = "tracedpush.output_tokens"
 STREAM: Final = "tracedpush.stream"
+# proxy.models: the lookup asked the engines' /v1/models (its own refresh or one in flight
+# it joined; False: it only read the model's vocabulary), and whether they answered (False:
+# neither did within the health timeout, so the model went unchecked)
+MODELS_FETCHED: Final = "tracedpush.models.fetched"
+MODELS_ANSWERED: Final = "tracedpush.models.answered"
+RESENT_REASON: Final = "tracedpush.resent.reason"  # on the request_resent event
 # tracedpush.request: the proxy's sampler, named as OTEL_TRACES_SAMPLER names it
 # ("parentbased_traceidratio"), and the probability it kept this request with (absent when
 # a client's traceparent decided under a parent-based sampler: that rate is the client's)
@@ -227,6 +240,9 @@ ERROR_TYPE: Final = error_attributes.ERROR_TYPE
 # span events
 EVENT_FIRST_TOKEN: Final = "first_token"  # on tracedpush.request and proxy.decode
 EVENT_REQUEST_SENT: Final = "request_sent"  # proxy.prefill, proxy.decode: bytes written
+# proxy.prefill, proxy.decode: the engine closed the kept-alive connection unanswered and
+# the bytes were written again on a new one; attribute RESENT_REASON (what the first failed with)
+EVENT_REQUEST_RESENT: Final = "request_resent"
 EVENT_HTTP_RECEIVED: Final = "http_received"  # prefill, decode: engine's HTTP server has it
 EVENT_SCHEDULER_RECEIVED: Final = "scheduler_received"  # prefill, decode: EngineCore has it
 EVENT_COMPUTE_STARTED: Final = "compute_started"  # prefill: first scheduled for compute

@@ -92,6 +92,9 @@ def test_real_critical_path_sums_to_proxy_ttft(pd: Any, mode: str, sent: dict[st
         assert abs(r.ttft_ms - r.ttft_attr_ms) < 1.0
         assert all(s.duration_ms > 0 for s in r.critical_path)
         phs = {s.phase for s in r.critical_path}
+        # the proxy learnt the model catalog as it started (its /health waits for it)
+        assert phases.MODEL_LOOKUP not in phs
+        assert sc.SPAN_PROXY_MODELS not in {s.name for s in r.spans}
         if mode == "push":
             assert phases.WRITE in phs or phases.NOTIFICATION in phs, r.critical_path
             assert phases.READ not in phs and phases.RELAY not in phs

@@ -73,14 +73,23 @@ def test_a_registration_after_the_lease_is_blamed_on_ds_side(tmp_path: Path) -> 
     late = [
         r for r in run.requests if r.failure is not None and r.failure.type == sc.ERR_LEASE_EXPIRED
     ]
+    resent: list[bool] = []
     assert len(late) == len(prompts), [(r.request_id, r.failure) for r in run.requests]
     for r in late:
-        path = {s.phase: s for s in r.critical_path}
+        path, ms = {s.phase: s for s in r.critical_path}, r.phase_ms()
         print(r.request_id, [(s.phase, round(s.duration_ms)) for s in r.critical_path])
         # D's API server held it past P's lease; P's writer never had it. Not `network`
-        assert path[phases.API_SERVER].service == sc.SERVICE_DECODE
-        assert path[phases.API_SERVER].duration_ms > LEASE_S * 1000, r.critical_path
-        assert path[phases.NETWORK].duration_ms < 50.0, r.critical_path
+        api = [s for s in r.critical_path if s.phase == phases.API_SERVER]
+        assert {s.service for s in api} == {sc.SERVICE_DECODE}, r.critical_path
+        assert ms[phases.API_SERVER] > LEASE_S * 1000, r.critical_path
+        assert ms[phases.NETWORK] < 50.0, r.critical_path
+        # nor the proxy's: it had learnt the model catalog before D was held (session 48
+        # saw 2 s of `proxy` here, the proxy asking the held D for its /v1/models)
+        assert phases.MODEL_LOOKUP not in path and ms[phases.PROXY] < 50.0, r.critical_path
+        # a leg that went out on a kept-alive connection was reset when D woke (its
+        # keep-alive timer fired before it read the request) and sent again: not lost
+        legs = [x for x in store.spans(r.trace_id) if x.name == sc.SPAN_PROXY_DECODE]
+        resent += [e.name == sc.EVENT_REQUEST_RESENT for x in legs for e in x.events]
         assert phases.WRITER_QUEUE not in path and phases.STEP_HANDOFF not in path
         # D's side is whole: D registered, then waited for the WRITE until the client left
         missing = [p for p in r.problems if p.startswith(MISSING_SPAN)]
@@ -90,3 +99,4 @@ def test_a_registration_after_the_lease_is_blamed_on_ds_side(tmp_path: Path) -> 
         assert unattributed < 5.0, r.critical_path
         assert any("ended without D's registration" in p for p in r.problems), r.problems
         assert phases.REGISTRATION_WAIT in r.engine_phases_ms["prefill"]
+    print(f"D legs sent again after a reset kept-alive connection: {sum(resent)} of {len(late)}")

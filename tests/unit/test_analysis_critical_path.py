@@ -455,6 +455,43 @@ def test_network_starts_when_the_bytes_left_the_proxy() -> None:
     ]
 
 
+def test_a_leg_sent_again_puts_the_wait_on_the_engines_api_server() -> None:
+    """The engine closed the kept-alive connection unanswered (its API server, starved,
+    had not read the request) and the proxy sent it again on a new one: the time from
+    the first send to the second is that engine's api server, not network."""
+    spec = push_spec()
+    spec[sc.SPAN_PROXY_PREFILL] = (
+        "proxy", 0.5, 70, {}, [(sc.EVENT_REQUEST_SENT, 0.75), (sc.EVENT_REQUEST_RESENT, 1.5)]
+    )  # fmt: skip
+    (r,) = exact(trace("push", spec)).requests
+    segs = [(s.phase, s.service, round(s.start_ms, 6), round(s.duration_ms, 6))
+            for s in r.critical_path[:4]]  # fmt: skip
+    assert segs == [
+        (phases.PROXY, sc.SERVICE_PROXY, 0.0, 0.75),
+        (phases.API_SERVER, sc.SERVICE_PREFILL, 0.75, 0.75),  # sent -> sent again
+        (phases.NETWORK, sc.SERVICE_PREFILL, 1.5, 0.5),  # sent again -> http_received at 2
+        (phases.API_SERVER, sc.SERVICE_PREFILL, 2.0, 1.0),
+    ]
+    assert r.complete and sum(s.duration_ms for s in r.critical_path) == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize("mode", ["push", "pull"])
+def test_a_wait_for_the_model_catalog_is_model_lookup_not_proxy(mode: str) -> None:
+    """``proxy.models`` (the request waited for the engines' /v1/models) between receipt
+    and the first leg is its own phase; the proxy's own time is what is left around it."""
+    spec = push_spec() if mode == "push" else pull_spec()
+    spec[sc.SPAN_PROXY_MODELS] = ("proxy", 0.1, 0.6)
+    segs = path_of(trace(mode, spec))
+    assert segs[:4] == [
+        (phases.PROXY, 0.0, 0.1),
+        (phases.MODEL_LOOKUP, 0.1, 0.5),
+        (phases.PROXY, 0.6, 0.4),  # -> P's bytes out at 1
+        (phases.NETWORK, 1.0, 1.0),
+    ]
+    without = path_of(trace(mode, {k: v for k, v in spec.items() if k != sc.SPAN_PROXY_MODELS}))
+    assert without[0] == (phases.PROXY, 0.0, 1.0)
+
+
 @pytest.mark.parametrize("mode", ["push", "pull"])
 def test_without_request_sent_network_starts_at_the_leg_start(mode: str) -> None:
     spec = push_spec() if mode == "push" else pull_spec()

@@ -321,6 +321,65 @@ def test_models_are_not_checked_when_the_engines_cannot_be_asked_or_with_the_fla
     run(scenario)
 
 
+def test_the_catalog_is_learnt_at_start_so_no_request_waits_for_it(tmp_path):
+    """The proxy asks the engines' /v1/models and reads the model's vocabulary as it
+    starts (its /health waits for that): requests then pay no catalog lookup and get no
+    ``proxy.models`` span."""
+
+    async def scenario():
+        root = str(model_dir(tmp_path))
+        stubs = [StubEngine("prefill", model_root=root)], [StubEngine("decode", model_root=root)]
+        async with proxy_rig("pull", *stubs, ready=False) as rig:
+            assert (await rig.client.get("/health")).status == 200
+            assert rig.client.app[STATE].models.refreshes == 1  # learnt before /health said ok
+            for _ in range(3):
+                assert (await rig.client.post(COMPLETIONS, json=PROMPT)).status == 200
+            assert (rig.prefill[0].models_asked, rig.decode[0].models_asked) == (1, 1)
+            assert len(rig.spans("tracedpush.request")) == 3
+            assert rig.spans("proxy.models") == []
+            # the vocabulary was read at start too: an id past it is refused, unasked
+            resp = await rig.client.post(COMPLETIONS, json=PROMPT | {"prompt": [VOCAB]})
+            assert (resp.status, (await resp.json())["error"]["param"]) == (400, "prompt")
+            assert len(rig.prefill[0].requests) == 3 and rig.spans("proxy.models") == []
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("answered", [True, False])
+def test_a_request_that_waits_for_the_catalog_says_so_in_a_span(answered):
+    """A request that came before the start-up lookup finished (D slow to list its
+    models), or while the engines could not be asked, waited for the catalog: that wait
+    is a ``proxy.models`` span under its root (the critical path's `model lookup`), not
+    the proxy's own time."""
+
+    async def scenario():
+        status = 200 if answered else 500
+        stubs = (
+            [StubEngine("prefill", models_status=status)],
+            [StubEngine("decode", models_status=status, models_delay=0.3)],
+        )
+        async with proxy_rig("pull", *stubs, ready=False) as rig:
+            if not answered:  # the start-up lookup failed: the next request asks again
+                await asyncio.wait({rig.client.app[STATE].models_warm}, timeout=5)
+            assert (await rig.client.post(COMPLETIONS, json=PROMPT)).status == 200
+            (root,) = rig.spans("tracedpush.request")
+            (models,) = rig.spans("proxy.models")
+            assert models.parent.span_id == root.context.span_id
+            assert models.context.trace_id == root.context.trace_id
+            assert 0.25e9 <= models.end_time - models.start_time < 5e9
+            assert models.attributes["tracedpush.models.fetched"] is True
+            assert models.attributes["tracedpush.models.answered"] is answered
+            (leg,) = rig.spans("proxy.prefill")
+            assert root.start_time <= models.start_time and models.end_time <= leg.start_time
+            assert rig.decode[0].models_asked == (1 if answered else 2)
+            # the next request finds the catalog (or, unanswered, its last try within
+            # the TTL) and does not wait
+            assert (await rig.client.post(COMPLETIONS, json=PROMPT)).status == 200
+            assert len(rig.spans("proxy.models")) == 1
+
+    run(scenario)
+
+
 # ---------------------------------------------------------------------------- routes
 def test_unknown_route_is_a_json_404_listing_the_routes_and_wrong_method_a_405():
     async def scenario():

@@ -186,7 +186,10 @@ def _leg(
     """An engine leg from scheduler_received back to the proxy sending it: queue wait
     (node scheduler_received), api server (http_received), network (the proxy leg's
     request_sent; without it, `fallback`: the leg's start). The caller's previous step
-    ends the queue wait (compute_started, blocks_allocated)."""
+    ends the queue wait (compute_started, blocks_allocated). A leg sent again after the
+    engine closed its kept-alive connection unanswered (``request_resent``): network from
+    the second send, and the time before it, back to the first, is the engine's api
+    server, which did not read the request before it closed the connection."""
     problems: list[str] = []
     sent = c.event(proxy_leg, sc.EVENT_REQUEST_SENT)
     if sent is None:
@@ -209,7 +212,12 @@ def _leg(
     else:
         steps.append(Step(ph.QUEUE_WAIT, svc, sched, span, need=name))
         steps.append(Step(ph.API_SERVER, svc, http, span, need=name))
-    steps.append(Step(ph.NETWORK, svc, sent, None, need=sent_need))
+    again = c.event(proxy_leg, sc.EVENT_REQUEST_RESENT)
+    if again is not None:  # the engine closed the kept-alive connection unanswered: its API
+        steps.append(Step(ph.NETWORK, svc, again, None))  # server had not read it (starved)
+        steps.append(Step(ph.API_SERVER, svc, sent, None, need=sent_need))
+    else:
+        steps.append(Step(ph.NETWORK, svc, sent, None, need=sent_need))
     return steps, problems
 
 
@@ -320,8 +328,19 @@ def _push_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
             )
         steps.append(Step(ph.PREFILL_COMPUTE, s_p, compute, pre, need=_need(pre, sc.SPAN_PREFILL)))
         leg, more = _leg(c, pre, sc.SPAN_PREFILL, s_p, pp, c.start(pp), sc.SPAN_PROXY_PREFILL)
-    steps += [*leg, Step(ph.PROXY, s_x, 0.0, root)]
+    steps += [*leg, *_receipt(c, s_x)]
     return steps, first, problems + more
+
+
+def _receipt(c: _Ctx, s_x: str) -> list[Step]:
+    """Receipt -> the first leg's work: the proxy's own, and a wait for its model catalog
+    when the request had one (``proxy.models``)."""
+    root, models = c.ix.root, c.ix.one(sc.SPAN_PROXY_MODELS, PROXY)
+    return [
+        Step(ph.PROXY, s_x, c.end(models), root, optional=True),
+        Step(ph.MODEL_LOOKUP, s_x, c.start(models), models, optional=True),
+        Step(ph.PROXY, s_x, 0.0, root),
+    ]
 
 
 _GAVE_UP = frozenset({sc.ERR_LEASE_EXPIRED, sc.ERR_REGISTRATION_TIMEOUT})
@@ -394,7 +413,7 @@ def _pull_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
         Step(ph.RESPONSE, s_p, c.end(pre), None, need=sc.SPAN_PREFILL),
         Step(ph.PREFILL_COMPUTE, s_p, compute, pre, need=_need(pre, sc.SPAN_PREFILL)),
         *p_leg,
-        Step(ph.PROXY, s_x, 0.0, root),
+        *_receipt(c, s_x),
     ]
     return steps, None, problems + more + more2
 
@@ -511,7 +530,8 @@ def critical_path(ix: TraceIndex, ms: Ms) -> PathResult:
         )
     problems += more
     if root is None:  # no proxy: the path starts at the first engine span, not receipt
-        steps = [s for s in steps if s.phase != ph.PROXY and s.need not in sc.PROXY_SPANS]
+        proxy = (ph.PROXY, ph.MODEL_LOOKUP)
+        steps = [s for s in steps if s.phase not in proxy and s.need not in sc.PROXY_SPANS]
     segments, owners, missing, order = walk(steps, ft)
     problems += order
     handshakes = [

@@ -43,6 +43,7 @@ NOTIFICATION: Final = "notification"  # push: data landed -> first notification 
 NOTIFY_COUNTING: Final = "notification counting"  # kv.notify: first -> last notification
 DECODE_SCHEDULING: Final = "decode scheduling"  # D: KV complete -> first token scheduled
 FIRST_DECODE_STEP: Final = "first decode step"  # D: scheduled -> first token at the proxy
+MODEL_LOOKUP: Final = "model lookup"  # proxy.models: the proxy's model catalog missed
 PROXY: Final = "proxy"  # the proxy's own work: receipt -> leg's bytes out; token -> client
 UNATTRIBUTED: Final = "unattributed"  # a gap whose bounding spans or events are missing
 
@@ -67,6 +68,7 @@ PHASES: Final = (
     NOTIFY_COUNTING,
     DECODE_SCHEDULING,
     FIRST_DECODE_STEP,
+    MODEL_LOOKUP,
     PROXY,
     UNATTRIBUTED,
 )
@@ -107,6 +109,9 @@ DESCRIPTIONS: Final = {
     NOTIFY_COUNTING: "kv.notify: first -> last expected completion notification",
     DECODE_SCHEDULING: "D: KV complete -> request scheduled for its first step",
     FIRST_DECODE_STEP: "D: first step computed and the token sent to the proxy",
+    MODEL_LOOKUP: "the proxy waited for its model catalog: the engines' /v1/models (its first "
+    "requests if they came before its start-up lookup finished, a model it had not seen, "
+    "engines that did not answer) or the model's vocabulary read (proxy.models)",
     PROXY: "the proxy's own work (receipt -> a leg's bytes out, relaying the first token)",
     UNATTRIBUTED: "a gap whose bounding spans or events are missing from the trace",
 }
@@ -126,6 +131,7 @@ SPAN_PHASE: Final = {
     sc.SPAN_KV_READ: READ,
     sc.SPAN_KV_NOTIFY: NOTIFY_COUNTING,
     sc.SPAN_KV_RELAY: RELAY,
+    sc.SPAN_PROXY_MODELS: MODEL_LOOKUP,
     sc.SPAN_REQUEST: PROXY,
     sc.SPAN_PROXY_PREFILL: NETWORK,
     sc.SPAN_PROXY_DECODE: NETWORK,
@@ -154,6 +160,7 @@ COLORS: Final = {
     NOTIFY_COUNTING: "#ffbb78",
     DECODE_SCHEDULING: "#c5b0d5",
     FIRST_DECODE_STEP: "#393b79",
+    MODEL_LOOKUP: "#8c6d31",
     PROXY: "#9e9e9e",
     UNATTRIBUTED: "#000000",
 }

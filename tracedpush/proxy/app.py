@@ -108,6 +108,7 @@ class ProxyState:
         # push: prefill legs left to finish after their request ended (see push_flow)
         self.finishing: set[asyncio.Task[Any]] = set()
         self.models = ModelCatalog(vocab_size=config.vocab_size, ttl=config.model_cache_ttl)
+        self.models_warm: asyncio.Task[None] | None = None  # learning the catalog at start
         self.upstream: UpstreamClient  # set at startup
         self.monitor: HealthMonitor | None = None
 
@@ -580,7 +581,10 @@ async def _check_model(ex: Exchange, body: dict[str, Any]) -> int | None:
         return state.config.vocab_size
     auth = ex.request.headers.get("Authorization")
     headers = {"Authorization": auth} if auth else {}
+    start_ns = time.time_ns()
     found = await state.models.lookup(body["model"], lambda: _fetch_models(state, headers))
+    if found.waited:  # a catalog miss: the request's time, on its critical path
+        state.spans.model_lookup(ex.root, start_ns, found.fetched, found.known is not None)
     if found.known is False:
         served = ", ".join(repr(name) for name in found.served) or "no model"
         raise ModelNotFound(
@@ -717,6 +721,9 @@ async def handle_models(request: web.Request) -> web.StreamResponse:
 
 async def handle_health(request: web.Request) -> web.Response:
     state = request.app[STATE]
+    warm = state.models_warm
+    if warm is not None and not warm.done():  # ready = no request waits for the catalog
+        await asyncio.wait({warm}, timeout=state.config.health_timeout)
     if state.config.health_interval <= 0:  # no background checks: check now
         await asyncio.gather(
             *(
@@ -786,11 +793,15 @@ async def _lifecycle(app: web.Application) -> Any:
         startup_probes = [
             asyncio.create_task(_probe_prefill(state, i)) for i in state.prefill.instances
         ]
+    if config.model_check:  # so that no request waits for the catalog (`ModelCatalog.warm`)
+        state.models_warm = asyncio.create_task(state.models.warm(lambda: _fetch_models(state, {})))
+        startup_probes.append(state.models_warm)
     yield
     for task in startup_probes:
         task.cancel()
     await asyncio.gather(*startup_probes, return_exceptions=True)
     await state.monitor.stop()
+    await state.upstream.close()
     await session.close()
 
 

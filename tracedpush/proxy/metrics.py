@@ -158,6 +158,18 @@ class ProxyMetrics:
                     f'tracedpush_proxy_upstream_healthy{{role="{inst.role}",'
                     f'url="{inst.url}"}} {1 if inst.healthy else 0}'
                 )
+        out += [
+            "# HELP tracedpush_proxy_upstream_resent_total Legs sent again on a new "
+            "connection after the engine closed a kept-alive one unanswered (a stalled API "
+            "server; docs/proxy.md, Timeouts).",
+            "# TYPE tracedpush_proxy_upstream_resent_total counter",
+        ]
+        for pool in pools:
+            for inst in pool.instances:
+                out.append(
+                    f'tracedpush_proxy_upstream_resent_total{{role="{inst.role}",'
+                    f'url="{inst.url}"}} {inst.resent}'
+                )
         out += self.ttft.render(
             "tracedpush_proxy_ttft_seconds",
             "Proxy receipt to first token sent to the client (non-streamed: to the response).",

@@ -119,6 +119,13 @@ class Lookup:
     known: bool | None  # None: the engines could not be asked
     served: tuple[str, ...] = ()
     vocab_size: int | None = None
+    fetched: bool = False  # it waited for the engines' /v1/models (own or shared refresh)
+    read_vocab: bool = False  # it waited for the model's vocabulary to be read
+
+    @property
+    def waited(self) -> bool:
+        """The request waited for the catalog (the proxy's ``proxy.models`` span)."""
+        return self.fetched or self.read_vocab
 
 
 class ModelCatalog:
@@ -134,22 +141,41 @@ class ModelCatalog:
         self._inflight: asyncio.Future[None] | None = None
 
     async def lookup(self, name: str, fetch: Fetch) -> Lookup:
+        fetched = False
         if self.cards is None or name not in self.cards:
-            await self._refresh_if_stale(fetch)
+            fetched = await self._refresh_if_stale(fetch)
         if self.cards is None:
-            return Lookup(known=None, vocab_size=self.fixed_vocab)
+            return Lookup(known=None, vocab_size=self.fixed_vocab, fetched=fetched)
         served = tuple(sorted(self.cards))
         if name not in self.cards:
-            return Lookup(known=False, served=served)
-        return Lookup(known=True, served=served, vocab_size=await self._vocab(name))
+            return Lookup(known=False, served=served, fetched=fetched)
+        read = self._vocab_unread(name)
+        vocab = await self._vocab(name)
+        return Lookup(True, served, vocab, fetched=fetched, read_vocab=read)
 
-    async def _refresh_if_stale(self, fetch: Fetch) -> None:
+    async def warm(self, fetch: Fetch) -> None:
+        """Learn the served models and their vocabularies before the first request (the
+        proxy's start), so no request waits for them. A failed warm-up (engines not up
+        yet, or asking needs a client's key) leaves the next request free to ask."""
+        await self._refresh_if_stale(fetch)
+        if self.cards is None:
+            self.refreshed_at = None
+            return
+        for name in list(self.cards):
+            await self._vocab(name)
+
+    def _vocab_unread(self, name: str) -> bool:
+        card = self._vocab_card(name)
+        return card is not None and card.root is not None and card.root not in self._vocab_by_root
+
+    async def _refresh_if_stale(self, fetch: Fetch) -> bool:
+        """Refresh the catalog unless it was within the TTL; True if this waited for one."""
         if self._inflight is not None:  # concurrent misses share one refresh
             await asyncio.shield(self._inflight)
-            return
+            return True
         now = time.monotonic()
         if self.refreshed_at is not None and now - self.refreshed_at < self.ttl:
-            return
+            return False
         self.refreshed_at = now
         self._inflight = asyncio.get_running_loop().create_future()
         try:
@@ -159,13 +185,21 @@ class ModelCatalog:
         finally:
             self._inflight.set_result(None)
             self._inflight = None
+        return True
+
+    def _vocab_card(self, name: str) -> ModelCard | None:
+        """The card whose directory holds `name`'s vocabulary (None: a fixed one, or none)."""
+        if self.fixed_vocab is not None or self.cards is None:
+            return None
+        card = self.cards.get(name)
+        if card is not None and card.parent in self.cards and not self._is_model_dir(card.root):
+            card = self.cards[card.parent]  # a LoRA adapter: its base model's vocabulary
+        return card
 
     async def _vocab(self, name: str) -> int | None:
         if self.fixed_vocab is not None or self.cards is None:
             return self.fixed_vocab
-        card = self.cards.get(name)
-        if card is not None and card.parent in self.cards and not self._is_model_dir(card.root):
-            card = self.cards[card.parent]  # a LoRA adapter: its base model's vocabulary
+        card = self._vocab_card(name)
         if card is None or card.root is None:
             return None
         if card.root not in self._vocab_by_root:

@@ -39,6 +39,7 @@ class Instance:
     last_error: str | None = None
     last_check: float | None = None
     slow_checks: int = 0  # consecutive /health timeouts
+    resent: int = 0  # legs sent again after it closed a kept-alive connection unanswered
 
     @classmethod
     def from_spec(cls, spec: InstanceSpec) -> Instance:

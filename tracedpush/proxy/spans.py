@@ -1,4 +1,5 @@
-"""The proxy's spans: the root of every request's trace, its two legs, pull's relay.
+"""The proxy's spans: the root of every request's trace, its two legs, pull's relay, a
+wait for the model catalog.
 
 All work here runs on the proxy's event loop and uses the OpenTelemetry SDK directly
 (a few tens of microseconds per span, negligible next to an HTTP round trip). Names and
@@ -98,6 +99,23 @@ class ProxySpans:
             attributes={semconv.MODE: self.mode, semconv.ROLE: "proxy"},
         )
 
+    def model_lookup(self, root: Span, start_ns: int, fetched: bool, answered: bool) -> None:
+        """``proxy.models``, ended now: the request waited for the model catalog (the
+        engines' /v1/models, or the model's vocabulary read from its directory)."""
+        span = self.tracer.start_span(
+            semconv.SPAN_PROXY_MODELS,
+            context=trace.set_span_in_context(root),
+            kind=SpanKind.INTERNAL,
+            start_time=start_ns,
+            attributes={
+                semconv.MODE: self.mode,
+                semconv.ROLE: "proxy",
+                semconv.MODELS_FETCHED: fetched,
+                semconv.MODELS_ANSWERED: answered,
+            },
+        )
+        span.end()
+
 
 def trace_headers(span: Span) -> dict[str, str]:
     """W3C headers (``traceparent``, maybe ``tracestate``) naming ``span`` as parent."""
@@ -130,10 +148,16 @@ def _failed(span: Span) -> bool:
 
 
 def sent(span: Span, clock: SendClock) -> None:
-    """Record the leg's ``request_sent`` event once: its bytes left for the engine."""
+    """Record the leg's ``request_sent`` event once: its bytes left for the engine; and
+    ``request_resent`` when the engine closed that connection unanswered and they left
+    again on a new one."""
     ns, clock.ns = clock.ns, None
+    again, clock.resent_ns = clock.resent_ns, None
     if ns is not None and span.is_recording():
         span.add_event(semconv.EVENT_REQUEST_SENT, timestamp=ns)
+        if again is not None:
+            attrs = {semconv.RESENT_REASON: clock.reset}
+            span.add_event(semconv.EVENT_REQUEST_RESENT, attrs, timestamp=again)
 
 
 def end(span: Span, end_ns: int | None = None) -> None:

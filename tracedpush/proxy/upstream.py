@@ -9,12 +9,19 @@ learns to abort the request, so every failure or cancellation closes it.
 A leg's ``network`` phase starts when its bytes leave, not when the proxy starts
 building it: `send_clock_trace` is an aiohttp trace that stamps a `SendClock` when
 the request's last chunk is written to the socket.
+
+A leg sent on a kept-alive connection that the engine closes before answering is sent
+again, once, on a new connection (as browsers and Go's HTTP client do). vLLM's API
+server (uvicorn) closes a connection idle for 5 s; when its event loop runs late (a
+starved API server), that timer fires before it reads what arrived meanwhile, and the
+kernel resets the connection with the request unread. The clock keeps both sends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
@@ -28,15 +35,31 @@ from tracedpush.proxy.routing import Instance
 from tracedpush.proxy.sse import EventSplitter
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class SendClock:
-    """When a request's last chunk was handed to the socket (unix ns), or None."""
+    """When a request's last chunk was handed to the socket (unix ns), or None; and, for
+    a request sent again after the engine closed a kept-alive connection on it, when
+    and why (`UpstreamClient.post`)."""
 
-    __slots__ = ("ns",)
+    __slots__ = ("_again", "ns", "resent_ns", "reset", "reused")
 
     def __init__(self) -> None:
         self.ns: int | None = None
+        self.resent_ns: int | None = None
+        self.reset = ""  # what the first connection failed with
+        self.reused = False  # the current attempt went out on a kept-alive connection
+        self._again = False
+
+    def stamp(self, ns: int) -> None:
+        if self._again:
+            self.resent_ns = ns
+        else:
+            self.ns = ns
+
+    def send_again(self, reason: str) -> None:
+        self._again, self.reset, self.reused = True, reason, False
 
 
 async def _on_chunk_sent(
@@ -46,13 +69,20 @@ async def _on_chunk_sent(
 ) -> None:
     clock = ctx.trace_request_ctx
     if isinstance(clock, SendClock):
-        clock.ns = time.time_ns()  # aiohttp calls this just before the write, per chunk
+        clock.stamp(time.time_ns())  # aiohttp calls this just before the write, per chunk
+
+
+async def _on_reuse(_session: aiohttp.ClientSession, ctx: Any, _params: Any) -> None:
+    clock = ctx.trace_request_ctx
+    if isinstance(clock, SendClock):
+        clock.reused = True
 
 
 def send_clock_trace() -> aiohttp.TraceConfig:
     """The trace config a session needs for `UpstreamClient.post(sent=...)` to work."""
     config = aiohttp.TraceConfig()
     config.on_request_chunk_sent.append(_on_chunk_sent)
+    config.on_connection_reuseconn.append(_on_reuse)
     return config
 
 
@@ -72,6 +102,7 @@ class UpstreamClient:
         self.session = session
         self.timeouts = timeouts
         self.passive_health = passive_health  # a refused connection marks the instance down
+        self._fresh: aiohttp.ClientSession | None = None
         self._client_timeout = aiohttp.ClientTimeout(
             total=None, connect=timeouts.connect, sock_connect=timeouts.connect
         )
@@ -140,16 +171,56 @@ class UpstreamClient:
         stamped when the body leaves (with a session built with `send_clock_trace`)."""
         if first_byte_at is None:
             first_byte_at = asyncio.get_running_loop().time() + self.timeouts.first_byte
-        request = self.session.post(
-            instance.url + path,
-            json=body,
-            headers=headers,
-            timeout=self._client_timeout,
-            trace_request_ctx=sent,
-        )
+        request = self._send_once_more(instance, path, body, headers, sent or SendClock())
         return await self.bounded(
             request, leg, instance, deadline=deadline, first_byte_at=first_byte_at
         )
+
+    async def _send_once_more(
+        self,
+        instance: Instance,
+        path: str,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        clock: SendClock,
+    ) -> aiohttp.ClientResponse:
+        """POST; again on a new connection if a kept-alive one was closed before any answer
+        (the engine never read the request: see the module docstring). Not on another kept
+        one: the stall that closed this one is likely to have closed them all."""
+        url = instance.url + path
+        for again in (False, True):
+            session = self._fresh_session() if again else self.session
+            try:
+                return await session.post(
+                    url, json=body, headers=headers, timeout=self._client_timeout,
+                    trace_request_ctx=clock,
+                )  # fmt: skip
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if again or not clock.reused or isinstance(exc, aiohttp.ClientConnectorError):
+                    raise
+                reason = str(exc) or type(exc).__name__
+                log.info(
+                    "%s closed a kept-alive connection unanswered (%s): sent again", url, reason
+                )
+                instance.resent += 1
+                clock.send_again(reason)
+        raise AssertionError("unreachable")
+
+    def _fresh_session(self) -> aiohttp.ClientSession:
+        """A session whose every request opens its own connection (for a request sent
+        again), with the shared session's clock."""
+        if self._fresh is None:
+            self._fresh = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, force_close=True),
+                timeout=aiohttp.ClientTimeout(total=None),
+                trace_configs=[send_clock_trace()],
+            )
+        return self._fresh
+
+    async def close(self) -> None:
+        """Close what this client opened itself (the shared session is its owner's)."""
+        if self._fresh is not None:
+            await self._fresh.close()
 
     async def get(
         self, leg: str, instance: Instance, path: str, headers: dict[str, str], *, deadline: float

@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tracedpush.proxy.app import ProxyConfig, create_app
+from tracedpush.proxy.app import STATE, ProxyConfig, create_app
 from tracedpush.proxy.coords import parse_instance
 
 
@@ -53,6 +53,7 @@ class StubEngine:
     tail_delay: float = 0.0  # seconds between [DONE] and the end of the stream
     healthy: bool = True
     health_delay: float = 0.0  # seconds before /health answers (a busy engine)
+    models_delay: float = 0.0  # seconds before /v1/models answers (a busy engine)
     models: tuple[str, ...] = ("stub-model",)  # the served names /v1/models lists
     model_root: str | None = None  # the cards' "root" (vLLM: the model directory)
     models_status: int = 200  # answer /v1/models with this status
@@ -88,6 +89,8 @@ class StubEngine:
 
     async def _models(self, request: web.Request) -> web.Response:
         self.models_asked += 1
+        if self.models_delay:
+            await asyncio.sleep(self.models_delay)
         if self.models_status != 200:
             error = {"error": {"message": "stub models failure", "code": self.models_status}}
             return web.json_response(error, status=self.models_status)
@@ -245,9 +248,13 @@ async def proxy_rig(
     *,
     coordinates: bool = True,
     prefill_urls: list[str] | None = None,
+    ready: bool = True,
     **config: Any,
 ) -> AsyncIterator[Rig]:
     """Start stub engines and the proxy (aiohttp TestServer: handler cancellation on).
+
+    ``ready``: yield once the proxy has learnt the engines' models at its start, as its
+    /health waits for (False: at once, the lookup maybe still in flight).
 
     ``coordinates`` puts each stub P's coordinates in its --prefill fragment (as the
     launcher does); without them the proxy has to learn them. ``prefill_urls``
@@ -279,6 +286,9 @@ async def proxy_rig(
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     client = TestClient(TestServer(create_app(proxy_config, provider)))
     await client.start_server()
+    warm = client.app[STATE].models_warm
+    if ready and warm is not None:
+        await asyncio.wait({warm}, timeout=10)
     try:
         yield Rig(client, prefill, decode, exporter, proxy_config)
     finally:

@@ -38,8 +38,11 @@ class SyntheticRequest:
     prefill_steps: int = 0
 
 
-def expected_path(leg: PushLeg | PullLeg) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(phases on the critical path in order, phases hidden)."""
+def expected_path(
+    leg: PushLeg | PullLeg, lookup: bool = False
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(phases on the critical path in order, phases hidden); `lookup`: the request
+    waited for the proxy's model catalog after receipt."""
     if isinstance(leg, PushLeg):
         p_leg = [ph.PROXY, ph.NETWORK, ph.API_SERVER, ph.QUEUE_WAIT]
         p_parts = [ph.API_SERVER, ph.QUEUE_WAIT, ph.PREFILL_COMPUTE]
@@ -65,6 +68,8 @@ def expected_path(leg: PushLeg | PullLeg) -> tuple[tuple[str, ...], tuple[str, .
         path += [ph.DESC_PREP, ph.READ, ph.POLL_LAG, ph.DECODE_SCHEDULING]
         hidden = [sc.SPAN_KV_NOTIFY]
     path += [ph.FIRST_DECODE_STEP, ph.PROXY]
+    if lookup:
+        path[1:1] = [ph.MODEL_LOOKUP, ph.PROXY]
     return tuple(path), tuple(hidden)
 
 

@@ -33,7 +33,7 @@ class PushLeg(DecodeLeg):
 def push_leg(dep: Deployment, a: Arrival, pre: PrefillLeg) -> PushLeg:
     rng, step = dep.rng, a.step
     p_step = 4.0 + 1.5 * a.load  # P's engine step (another request's chunk) under load
-    pd_start = a.t + 0.25 + rng.random() * 0.1
+    pd_start = a.legs_from + 0.25 + rng.random() * 0.1
     d_sent = pd_start + PROXY_BUILD_MS
     d_http = d_sent + dep.net()
     d_api = 0.3 + a.prompt * 0.0001 + rng.uniform(0.0, 0.2)

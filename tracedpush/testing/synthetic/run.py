@@ -193,7 +193,8 @@ def _request(
     leg = push_leg(dep, a, pre) if a.mode == "push" else pull_leg(dep, a, pre)
     fin = finish(dep, a, leg)
     emit_request(em, procs, a, pre, leg, fin, http_received=dep.http_received)
-    path, hidden = expected_path(leg)
+    lookup = a.lookup is not None and sc.SPAN_REQUEST not in a.dropped
+    path, hidden = expected_path(leg, lookup=lookup)
     return SyntheticRequest(
         trace_id=f"{a.trace_id:032x}",
         request_id=rid,

@@ -23,6 +23,7 @@ from tracedpush.testing.synthetic.timeline import Arrival, Finish, PrefillLeg
 REMOTE_D = {sc.REMOTE_ENGINE_ID: DECODE_INSTANCE, sc.REMOTE_HOST: "d-host", sc.REMOTE_PORT: 5600}
 REMOTE_P = {sc.REMOTE_ENGINE_ID: PREFILL_INSTANCE, sc.REMOTE_HOST: "p-host", sc.REMOTE_PORT: 5500}
 WORKER = {sc.TP_RANK: 0}
+MODELS_ID = 0x6D6F64656C73  # proxy.models: its root's id with these bits flipped
 
 
 class _Tree:
@@ -105,6 +106,12 @@ def emit_request(
         kind=SpanKind.SERVER,
         events=[(sc.EVENT_FIRST_TOKEN, fin.ft)],
     )
+    if a.lookup is not None and root:  # its id is not drawn: later draws stay as they were
+        proxy = tree.procs["proxy"]
+        models = {sc.MODELS_FETCHED: True, sc.MODELS_ANSWERED: True}
+        start, end = (em.ns(t, proxy) for t in a.lookup)
+        proxy.add(a.trace_id, root ^ MODELS_ID, root, sc.SPAN_PROXY_MODELS, start, end, {
+            **common, sc.ROLE: "proxy", **models})  # fmt: skip
     proxy_leg = {**common, sc.ROLE: "proxy", sc.HTTP_METHOD: "POST", sc.HTTP_STATUS: 200}
     ppid = emit(
         "proxy",

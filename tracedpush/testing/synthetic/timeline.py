@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from tracedpush.testing.synthetic.deployment import (
     BLOCK_TOKENS,
     KV_BYTES_PER_TOKEN,
+    MODEL_LOOKUP_MS,
     PREFILL_CHUNK_TOKENS,
     PROXY_BUILD_MS,
 )
@@ -68,6 +69,16 @@ class Arrival:
     trace_id: int
     local_id: str
     dropped: frozenset[str]  # span names this request loses
+
+    @property
+    def lookup(self) -> tuple[float, float] | None:
+        """The wait for the proxy's model catalog (ms), the mode's first request's only."""
+        return (self.t + 0.05, self.t + 0.05 + MODEL_LOOKUP_MS) if self.first else None
+
+    @property
+    def legs_from(self) -> float:
+        """When the proxy can start the request's legs (after any catalog wait)."""
+        return self.lookup[1] if self.lookup else self.t
 
     @property
     def step(self) -> float:
@@ -124,7 +135,7 @@ class PrefillLeg:
 
 def prefill_leg(dep: Deployment, a: Arrival) -> PrefillLeg:
     rng = dep.rng
-    pp_start = a.t + 0.2 + rng.random() * 0.1
+    pp_start = a.legs_from + 0.2 + rng.random() * 0.1
     p_sent = pp_start + PROXY_BUILD_MS
     p_http = p_sent + dep.net()
     p_api = 0.4 + a.prompt * 0.0002 + rng.uniform(0.0, 0.3) * a.load
