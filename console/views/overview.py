@@ -51,7 +51,7 @@ def failed_requests(found: Any, frame: pd.DataFrame) -> None:
 
 
 def trace_completeness(health: Any) -> None:
-    """What the engine processes' own export records say (`ExportHealth`): the report's
+    """What the processes' own export records say (`ExportHealth`): the report's
     lines, shown as a warning when spans were lost or an exporter fails."""
     st.subheader("Trace completeness")
     if not health:
@@ -66,7 +66,8 @@ def trace_completeness(health: Any) -> None:
     else:
         st.markdown(said)
     st.caption(
-        "From each engine process's own cumulative export counters (`engine.export`). "
+        "From each engine process's and the proxy's own cumulative export counters "
+        "(`engine.export`). "
         "A process with no final record is still running or was killed before it flushed "
         "(vLLM's default `--shutdown-timeout 0` does that); `tracedpush report` says the same."
     )

@@ -1,4 +1,4 @@
-"""Trace completeness in the console: the engine processes' own export records
+"""Trace completeness in the console: the processes' own export records
 (`engine.export`) say whether spans were dropped and whether each process flushed as it
 shut down. The Overview shows what `tracedpush report` says; every page warns when
 spans were lost, since the figures on it may then be biased.
@@ -62,7 +62,7 @@ def test_overview_names_the_processes_that_lost_spans_or_did_not_flush(app, loss
     assert health.warning() in said  # the page's banner
     for line in health.lines():  # the section: the report's own lines
         assert line in said
-    assert health.warning().startswith("2 of 8 engine processes lost 14 spans")
+    assert health.warning().startswith("2 of 8 processes lost 14 spans")
 
 
 @pytest.mark.parametrize("page", ["views/phases.py", "views/requests.py", "views/live.py"])
@@ -78,10 +78,10 @@ def test_a_whole_run_says_so_quietly(app, whole):
     assert not health.lossy and not health.unflushed and len(health.accounts) == 8
     at = app(traces=directory)
     no_exception(at)
-    assert not [w for w in _warnings(at) if "engine processes" in w]
+    assert not [w for w in _warnings(at) if "processes lost" in w]
     text = _markdown(at)
     assert "- 8 of 8 flushed their last spans as they shut down" in text
-    assert "- 8 engine processes dropped no span" in text
+    assert "- 8 processes dropped no span" in text
 
 
 def test_traces_without_export_records_say_it_is_not_known(app, tmp_path):

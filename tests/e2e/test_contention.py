@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tracedpush import semconv as sc
 from tracedpush.analysis import TraceStore, analyze
 from tracedpush.bench.workload import PromptMaker, run_workload
 from tracedpush.launcher import Deployment
@@ -54,6 +55,8 @@ def test_unpinned_engines_are_named_as_contending(tmp_path: Path) -> None:
     assert floating, "unpinned API servers / EngineCores should be allowed on 0-1"
     assert cross, [f.text for f in found.findings]
     print("\n" + "\n".join(f.text for f in cross))
-    # the stop let every engine process (P and D, scheduler and worker) flush
+    # the stop let every engine process (P and D, scheduler and worker) and the proxy flush
     health = analyze(TraceStore.from_path(config.traces_dir), spans=False).export_health()
-    assert len(health.accounts) == 4 and health.unflushed == [], health.lines()
+    engines = [a for a in health.accounts if a.service != sc.SERVICE_PROXY]
+    assert len(engines) == 4 and len(health.accounts) == 5, health.lines()  # + the proxy
+    assert health.unflushed == [], health.lines()

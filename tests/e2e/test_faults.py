@@ -469,8 +469,11 @@ def _export_drops(
     latest: dict[str, tuple[int, int]] = {}
     keys = [semconv.EXPORT_DROPPED[r] for r in reasons]
     for span in TraceStore.from_path(traces).all_spans():
-        if span.name != semconv.SPAN_ENGINE_EXPORT:
-            continue
+        if (
+            span.name != semconv.SPAN_ENGINE_EXPORT
+            or span.resource.service == semconv.SERVICE_PROXY
+        ):
+            continue  # the proxy writes records too: this counts the engine processes
         a = span.attributes
         exporters = list(a.get(semconv.EXPORT_EXPORTER) or ())
         if exporter not in exporters:

@@ -67,9 +67,11 @@ def test_a_registration_after_the_lease_is_blamed_on_ds_side(tmp_path: Path) -> 
     store = TraceStore.from_path(config.traces_dir)
     assert not any(r.ok for r in results), [r.to_dict() for r in results if r.ok]
     run = analyze(store, spans=False)
-    # every engine process (P and D, scheduler and worker) flushed as it stopped
+    # every engine process (P and D, scheduler and worker) and the proxy flushed as it stopped
     health = run.export_health()
-    assert len(health.accounts) == 4 and health.unflushed == [], health.lines()
+    engines = [a for a in health.accounts if a.service != sc.SERVICE_PROXY]
+    assert len(engines) == 4 and len(health.accounts) == 5, health.lines()  # + the proxy
+    assert health.unflushed == [], health.lines()
     late = [
         r for r in run.requests if r.failure is not None and r.failure.type == sc.ERR_LEASE_EXPIRED
     ]
@@ -84,8 +86,9 @@ def test_a_registration_after_the_lease_is_blamed_on_ds_side(tmp_path: Path) -> 
         assert ms[phases.API_SERVER] > LEASE_S * 1000, r.critical_path
         assert ms[phases.NETWORK] < 50.0, r.critical_path
         # nor the proxy's: it had learnt the model catalog before D was held (session 48
-        # saw 2 s of `proxy` here, the proxy asking the held D for its /v1/models)
-        assert phases.MODEL_LOOKUP not in path and ms[phases.PROXY] < 50.0, r.critical_path
+        # saw 2 s of `proxy` here, the proxy asking the held D for its /v1/models until
+        # its 2 s health timeout; its own work on this loaded machine is 1-25 ms)
+        assert phases.MODEL_LOOKUP not in path and ms[phases.PROXY] < 500.0, r.critical_path
         # a leg that went out on a kept-alive connection was reset when D woke (its
         # keep-alive timer fired before it read the request) and sent again: not lost
         legs = [x for x in store.spans(r.trace_id) if x.name == sc.SPAN_PROXY_DECODE]

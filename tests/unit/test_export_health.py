@@ -70,7 +70,7 @@ def test_records_of_an_older_tracedpush_are_not_called_killed():
     h = health(record("7", 40, 95), record("8", 40, 50, side="scheduler"))
     assert h.unflushed == [] and [a.final for a in h.accounts] == [None, None]
     assert h.lines() == [
-        "- 2 engine processes dropped no span (145 exported)",
+        "- 2 processes dropped no span (145 exported)",
         "- 2 of 2 do not say whether they flushed as they shut down (written by a tracedpush "
         "older than final records)",
     ]
@@ -107,10 +107,10 @@ def test_the_page_warning_says_what_was_lost_and_nothing_when_nothing_was():
         record("9", 40, 50, final=True),
     )
     assert lost.warning() == (
-        "2 of 3 engine processes lost 1,200 spans and 4 events: some requests lack phases, "
+        "2 of 3 processes lost 1,200 spans and 4 events: some requests lack phases, "
         "so per-phase figures may be biased."
     )
     failing = health(record("7", 40, 95, final=True, failing=True))
     assert failing.warning() == (
-        "The last export of 1 engine process failed, so spans may be missing from the store."
+        "The last export of 1 process failed, so spans may be missing from the store."
     )

@@ -688,3 +688,40 @@ def test_export_and_drop_counters_land_in_the_trace_store(tmp_path):
     health = analyze(TraceStore.from_path(tmp_path)).export_health()
     assert [a.final for a in health.accounts] == [False]
     assert "1 of 1 wrote no final record: still running, or killed before" in health.lines()[-1]
+
+
+@pytest.mark.parametrize("ratio", [None, "0.0"])
+def test_the_proxy_writes_its_own_export_records(otel_env, tmp_path, ratio):
+    """The proxy's provider writes `engine.export` records of its own exporters: every
+    EXPORT_RECORD_EVERY_S when spans were exported or lost since the last one (none
+    while idle), and a final one at shutdown, past its sampler (a 0% sampler still keeps
+    them); `tracedpush report` names the proxy."""
+    if ratio is not None:
+        otel_env.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+        otel_env.setenv("OTEL_TRACES_SAMPLER_ARG", ratio)
+    otel_env.setattr(export, "EXPORT_RECORD_EVERY_S", 0.05)
+    provider = build_tracer_provider("tracedpush-proxy", "proxy:8000", tmp_path, mode="push")
+    tracer = provider.get_tracer("t")
+    for _ in range(3):
+        with tracer.start_as_current_span(semconv.SPAN_REQUEST):
+            pass
+    time.sleep(0.5)  # ten periods: one record for the spans, then none while idle
+    provider.shutdown()
+    spans = [
+        s
+        for d in read_lines(tmp_path)
+        for r in d["resourceSpans"]
+        for ss in r["scopeSpans"]
+        for s in ss["spans"]
+    ]
+    records = [_attrs(s) for s in spans if s["name"] == semconv.SPAN_ENGINE_EXPORT]
+    requests = [s for s in spans if s["name"] == semconv.SPAN_REQUEST]
+    assert len(requests) == (3 if ratio is None else 0)
+    finals = [r[semconv.EXPORT_FINAL] for r in records]
+    assert finals == ([False, True] if ratio is None else [True]), finals
+    assert {r[semconv.ROLE] for r in records} == {"proxy"}
+    assert {r[semconv.ENGINE_ID] for r in records} == {"proxy:8000"}
+    (acc,) = analyze(TraceStore.from_path(tmp_path)).export_health().accounts
+    assert (acc.service, acc.final, acc.lost) == (semconv.SERVICE_PROXY, True, 0)
+    assert acc.exported == len(spans) - 1  # all it wrote but the final record itself
+    assert acc.name.startswith("proxy proxy:8000 (pid ")

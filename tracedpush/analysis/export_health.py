@@ -1,8 +1,9 @@
-"""Were the traces complete? What each engine process's own export records say.
+"""Were the traces complete? What each process's own export records say.
 
-Every engine process (scheduler side and each worker) writes `engine.export` records
-(docs/spans.md): cumulative counts of the spans it delivered and dropped, by reason, and
-a last one as it shuts down (`tracedpush.export.final`). So the store itself says:
+Every engine process (scheduler side and each worker), and the proxy, writes
+`engine.export` records (docs/spans.md): cumulative counts of the spans it delivered and
+dropped, by reason, and a last one as it shuts down (`tracedpush.export.final`). So the
+store itself says:
 
 * spans some exporter dropped (its queue full, the collector down, the disk full): the
   per-phase figures of the run may then lack some requests' phases;
@@ -29,7 +30,7 @@ Key = tuple[str, str, str, str]  # (service, host, pid, side)
 
 @dataclass(slots=True, frozen=True)
 class ExportAccount:
-    """One engine process's latest `engine.export` record."""
+    """One process's latest `engine.export` record (an engine process, or the proxy)."""
 
     service: str
     host: str
@@ -52,7 +53,10 @@ class ExportAccount:
     @property
     def name(self) -> str:
         side = f" {self.side}" if self.side else ""
-        return f"{self.engine_id or self.service}{side} (pid {self.pid} on {self.host})"
+        who = self.engine_id or self.service
+        if self.service == sc.SERVICE_PROXY:
+            who = f"proxy {self.engine_id}".rstrip()
+        return f"{who}{side} (pid {self.pid} on {self.host})"
 
     @property
     def lost(self) -> int:
@@ -114,9 +118,13 @@ def fold(into: dict[Key, ExportAccount], accounts: Iterable[ExportAccount]) -> N
         into[acc.key] = latest if latest.final == final else replace(latest, final=final)
 
 
+def _processes(n: int) -> str:
+    return "process" if n == 1 else "processes"
+
+
 @dataclass(slots=True)
 class ExportHealth:
-    """Every engine process's account, by engine, side and pid."""
+    """Every process's account (engine processes and the proxy), by engine, side and pid."""
 
     accounts: list[ExportAccount]
 
@@ -164,13 +172,14 @@ class ExportHealth:
                 x for x in (spans and f"{spans:,} spans", events and f"{events:,} events") if x
             )
             parts.append(
-                f"{len(self.lossy)} of {len(self.accounts)} engine processes lost {what}: "
+                f"{len(self.lossy)} of {len(self.accounts)} {_processes(len(self.accounts))} "
+                f"lost {what}: "
                 "some requests lack phases, so per-phase figures may be biased"
             )
         if self.failing:
             n = len(self.failing)
             parts.append(
-                f"the last export of {n} engine process{'es' if n > 1 else ''} failed, so "
+                f"the last export of {n} {_processes(n)} failed, so "
                 "spans may be missing from the store"
             )
         said = "; ".join(parts)
@@ -195,7 +204,7 @@ class ExportHealth:
             out.append(f"- {a.name}: its last export to {', '.join(a.failing)} failed")
         if not self.lossy:
             exported = sum(a.exported for a in self.accounts)
-            out.append(f"- {n} engine processes dropped no span ({exported:,} exported)")
+            out.append(f"- {n} {_processes(n)} dropped no span ({exported:,} exported)")
         gone = self.unflushed
         unknown = sum(a.final is None for a in self.accounts)
         if unknown:

@@ -302,7 +302,7 @@ def _tracer_provider(args: argparse.Namespace, instance_id: str) -> TracerProvid
         os.environ.pop(ENV_TRACES_DIR, None)  # export.py would fall back to it
     else:
         traces_dir = args.traces
-    return build_tracer_provider(semconv.SERVICE_PROXY, instance_id, traces_dir)
+    return build_tracer_provider(semconv.SERVICE_PROXY, instance_id, traces_dir, mode=args.mode)
 
 
 async def serve(

@@ -40,6 +40,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from tracedpush import __version__, semconv
 from tracedpush.telemetry.jsonl import JsonLinesSpanExporter
+from tracedpush.telemetry.process_spans import ProcessSpans
+from tracedpush.telemetry.span_factory import BuilderConfig, SpanFactory
 from tracedpush.telemetry.threads import name_os_thread
 
 log = logging.getLogger("tracedpush.export")
@@ -52,6 +54,7 @@ REPORT_EVERY_S = 30.0
 # the edge of full takes a small batch now and then, and each must not log again.
 FLAP_S = 30.0
 FAILING_SHUTDOWN_WAIT_S = 1.0  # at exit, how long to wait for an exporter that is failing
+EXPORT_RECORD_EVERY_S = 10.0  # the proxy's engine.export records, as the engines' period
 
 
 def make_resource(
@@ -329,6 +332,10 @@ class SpanSink:
         """
         return {w.name: w.stats() for w in self.workers}
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def shutdown(self, timeout_s: float = 5.0) -> None:
         if self._closed:
             return
@@ -387,15 +394,66 @@ def build_exporters(traces_dir: str | os.PathLike[str] | None, stem: str) -> lis
 
 
 class _SinkProcessor(SpanProcessor):
-    """Hand each ended SDK span to the sink (whose workers batch and export)."""
+    """Hand each ended SDK span to the sink (whose workers batch and export). With
+    `records`, also the process's own `engine.export` records, as engine processes write
+    them: every `every_s` (a thread of its own) when spans were exported or lost since
+    the last one, and a final one at shutdown, after the last spans were flushed. The
+    proxy's, so that the report's trace completeness covers it: a root span it dropped
+    loses a whole request."""
 
-    def __init__(self, sink: SpanSink):
+    def __init__(
+        self,
+        sink: SpanSink,
+        records: ProcessSpans | None = None,
+        every_s: float | None = None,
+    ):
         self.sink = sink
+        self.records = records
+        self.every_s = EXPORT_RECORD_EVERY_S if every_s is None else every_s
+        self._last_key: tuple[int, ...] | None = None
+        self._records = 0  # records given to the sink
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if records is not None:
+            self._thread = threading.Thread(
+                target=self._loop, name="tracedpush-export-records", daemon=True
+            )
+            self._thread.start()
 
     def on_end(self, span: ReadableSpan) -> None:
         self.sink.emit((span,))
 
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._record(final=False)
+
+    def _record(self, final: bool) -> None:
+        assert self.records is not None
+        stats = self.sink.stats()
+        # every span given to the sink, but the records themselves: none since the last
+        # record means an idle process, which writes none until its final one
+        key = tuple(
+            w["exported"] + w["dropped"] + w["queued"] - self._records for w in stats.values()
+        )
+        if key == (self._last_key or (0,) * len(key)) and not final:
+            return
+        self._last_key = key
+        try:
+            span = self.records.export_span(stats, time.time_ns(), final=final)
+        except Exception:  # a record must never cost the process its spans
+            log.exception("tracedpush export record failed")
+            return
+        if span is not None:
+            self._records += 1
+            self.sink.emit((span,))
+
     def shutdown(self) -> None:
+        if self._thread is not None and not self.sink.closed:
+            self._stop.set()
+            self._thread.join(timeout=5.0)
+            # so the last record counts what the final spans became
+            self.sink.flush(5.0, failing_wait_s=0.0)
+            self._record(final=True)
         self.sink.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
@@ -407,10 +465,16 @@ def build_tracer_provider(
     instance_id: str,
     traces_dir: str | os.PathLike[str] | None,
     extra_resource: dict[str, Any] | None = None,
+    *,
+    mode: str = "",
 ) -> TracerProvider:
-    """A TracerProvider for the proxy: JSONL files and/or OTLP, never blocking."""
-    provider = TracerProvider(resource=make_resource(service_name, instance_id, extra_resource))
+    """A TracerProvider for the proxy: JSONL files and/or OTLP, never blocking, with the
+    process's own export records (`_SinkProcessor`) under `instance_id` and `mode`."""
+    resource = make_resource(service_name, instance_id, extra_resource)
+    provider = TracerProvider(resource=resource)
     workers = build_exporters(traces_dir, stem=service_name)
     if workers:
-        provider.add_span_processor(_SinkProcessor(SpanSink(workers)))
+        cfg = BuilderConfig(mode=mode, role="proxy", side="", engine_id=instance_id)
+        records = ProcessSpans(SpanFactory(cfg, resource))
+        provider.add_span_processor(_SinkProcessor(SpanSink(workers), records))
     return provider
