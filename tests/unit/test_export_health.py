@@ -6,11 +6,16 @@ what the report says of them."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from tracedpush import semconv as sc
+from tracedpush.analysis import TraceStore, analyze
 from tracedpush.analysis.export_health import ExportHealth, account_from_span, fold
+from tracedpush.analysis.index import AnalysisIndex
 from tracedpush.analysis.model import Resource, Span
+from tracedpush.testing import synthetic
 
 
 def record(pid: str, end_ns: int, exported: int, **more: Any) -> Span:
@@ -114,3 +119,31 @@ def test_the_page_warning_says_what_was_lost_and_nothing_when_nothing_was():
     assert failing.warning() == (
         "The last export of 1 process failed, so spans may be missing from the store."
     )
+
+
+def test_an_engine_process_that_served_requests_but_wrote_no_process_span_is_named(
+    tmp_path: Path,
+) -> None:
+    """Killed before its first step record and its first export record (both come 1-10 s
+    in), a process still left its requests' spans: those name it, in `analyze()` and
+    through the analysis index alike."""
+    run = synthetic.generate(30, seed=4, modes=("push",))
+    run.write(tmp_path / "traces")
+    (path,) = (tmp_path / "traces").glob("push/vllm-prefill-p_work-*.jsonl")
+    docs = [json.loads(line) for line in path.read_text().splitlines()]
+    for doc in docs:
+        for rs in doc["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                ss["spans"] = [s for s in ss["spans"] if s["name"] not in sc.PROCESS_SPANS]
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    pid = path.stem.rsplit("-", 1)[1]
+    want = analyze(TraceStore.from_path(tmp_path / "traces")).export_health()
+    (gone,) = want.unflushed
+    assert (gone.pid, gone.recorded, gone.service) == (pid, False, sc.SERVICE_PREFILL)
+    assert want.lines()[-1].endswith(f"prefill-0 (pid {pid} on p-host) (no record at all)")
+    index = AnalysisIndex([tmp_path / "traces"], index_dir=tmp_path / "index")
+    assert index.update().export_health().to_json() == want.to_json()
+    index.close()
+    warm = AnalysisIndex([tmp_path / "traces"], index_dir=tmp_path / "index")
+    assert warm.update().export_health().to_json() == want.to_json()
+    warm.close()

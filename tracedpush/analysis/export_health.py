@@ -132,10 +132,10 @@ class ExportHealth:
     def of(
         cls, accounts: Mapping[Key, ExportAccount], seen: Iterable[Resource] = ()
     ) -> ExportHealth:
-        """`seen`: every process span's resource. An engine process among them with no
-        record at all (killed before its first, 10 s in, or every one lost) gets an empty
-        account, never flushed; unless no process wrote one (a tracedpush older than
-        export records)."""
+        """`seen`: the engine processes' resources (of their process spans and of their
+        request spans). One with no record at all (killed before its first, 10 s in, or
+        every one lost) gets an empty account, never flushed; unless no process wrote one
+        (a tracedpush older than export records)."""
         out = list(accounts.values())
         have = {(a.service, a.host, a.pid) for a in out}
         for r in seen if out else ():

@@ -31,6 +31,7 @@ from tracedpush.analysis import steps_columns as cols
 from tracedpush.analysis.model import Resource, Span
 
 PROCESS_SPANS = frozenset(sc.PROCESS_SPANS)
+_ENGINE_SERVICES = frozenset({sc.SERVICE_PREFILL, sc.SERVICE_DECODE})
 
 
 def is_process_span(span: Span) -> bool:
@@ -509,11 +510,22 @@ class StepParts:
         """The joined steps moved onto the reference clock. `resources`: the request
         spans' (their clock domains carry the offsets); `applied_ms`: domain label ->
         offset applied (ms), as `analyze` computed them."""
+        resources = list(resources)
         store = self.store()  # uses the parts up
+        store.serving = _engine_processes(resources)
         if store.columns and applied_ms:
             offsets = _offsets(store.origins, [*resources, *store.resources], applied_ms)
             store.place(offsets, own=True)
         return store
+
+
+def _engine_processes(resources: Iterable[Resource]) -> list[Resource]:
+    """One resource per engine process among the request spans' (service, host, pid)."""
+    out: dict[tuple[str, str, str], Resource] = {}
+    for r in resources:
+        if r.service in _ENGINE_SERVICES:
+            out.setdefault((r.service, r.host, r.pid), r)
+    return [out[k] for k in sorted(out)]
 
 
 def _offsets(
@@ -550,6 +562,8 @@ class EngineSteps:
         self.exports: dict[export_health.Key, export_health.ExportAccount] = {}
         self.spans = 0  # process spans read
         self.resources: list[Resource] = []  # every process span's, as first seen
+        # the engine processes the request spans came from (`export_health`)
+        self.serving: list[Resource] = []
         self.offsets = np.zeros(1, np.int64)  # ns per origin, as placed
         # per engine, its latest records as read (raw clocks, every one from a time on:
         # `steps_columns.recent`), for `extended`
@@ -618,7 +632,7 @@ class EngineSteps:
     def __setstate__(self, state: dict[str, Any]) -> None:
         # older code's: no `recent`, no contention fold, the samples in one chunk, no exports
         state = {"recent": {}, "_solo_steps": {}, "usage": None, "usage_after": [], "exports": {},
-                 **state}  # fmt: skip
+                 "serving": [], **state}  # fmt: skip
         packed, n = state.pop("samples"), state.pop("samples_n", None)
         usage = state.pop("usage"), state.pop("usage_after")
         self.__dict__.update(state)
@@ -639,7 +653,7 @@ class EngineSteps:
 
     def export_health(self) -> export_health.ExportHealth:
         """What the engine processes' own export records say (`export_health`)."""
-        return export_health.ExportHealth.of(self.exports, self.resources)
+        return export_health.ExportHealth.of(self.exports, [*self.resources, *self.serving])
 
     @classmethod
     def from_spans(cls, spans: Iterable[Span]) -> EngineSteps:
@@ -687,6 +701,7 @@ class EngineSteps:
         out.resources = list(
             {**dict.fromkeys(self.resources), **dict.fromkeys(parts.resources.values())}
         )
+        out.serving = _engine_processes(resources)
         off = np.zeros(len(out.origins) or 1, np.int64)
         if applied_ms:
             off = _offsets(out.origins, [*resources, *out.resources], applied_ms)
