@@ -249,40 +249,35 @@ class Snapshot:
         # no look at the steps' samples first: from the analysis index that reads every
         # step back (0.7 s at 200,000 requests), where its contention is kept beside them;
         # a run without samples has a contention that is falsy
-        if getattr(self.run, "engine_steps", None) is None or not hasattr(self.run, "contention"):
+        if getattr(self.run, "engine_steps", None) is None:
+            return None
+        found = self._optional("contention", "contention analysis")
+        return found if found else None
+
+    def _optional(self, method: str, what: str) -> Any | None:
+        """``self.run.<method>()``, or None from an analysis without it or when it fails
+        (logged as `what`): a new analysis module must not break the page."""
+        if not hasattr(self.run, method):
             return None
         try:
-            found = self.run.contention()
-        except Exception:  # a new analysis module must not break the page
-            log.exception("contention analysis failed")
+            return getattr(self.run, method)()
+        except Exception:
+            log.exception("%s failed", what)
             return None
-        return found if found else None
 
     @cached_property
     def export_health(self) -> Any | None:
-        """`analysis.export_health.ExportHealth`: what the engine processes' own export
-        records say of the run's completeness (empty without records), or None from an
-        analysis without it."""
-        if not hasattr(self.run, "export_health"):
-            return None
-        try:
-            return self.run.export_health()
-        except Exception:  # a new analysis module must not break the page
-            log.exception("trace completeness failed")
-            return None
+        """`analysis.export_health.ExportHealth`: what the processes' own export records
+        say of the run's completeness (empty without records), or None from an analysis
+        without it."""
+        return self._optional("export_health", "trace completeness")
 
     @cached_property
     def failures(self) -> Any | None:
         """`analysis.failures.FailureSummary` (failed requests by leg and type, requests
         answered despite a failed span, incomplete traces), or None from an analysis
         without it."""
-        if not hasattr(self.run, "failures"):
-            return None
-        try:
-            return self.run.failures()
-        except Exception:  # a new analysis module must not break the page
-            log.exception("failure accounting failed")
-            return None
+        return self._optional("failures", "failure accounting")
 
     @cached_property
     def failure_examples(self) -> pd.DataFrame:

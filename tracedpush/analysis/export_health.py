@@ -44,7 +44,7 @@ class ExportAccount:
     failing: tuple[str, ...] = ()  # exporters whose last attempt failed
     final: bool | None = False  # it wrote its last record as it shut down (None: its
     # records do not say, as an older tracedpush wrote them)
-    recorded: bool = True  # False: seen in its engine steps, with no export record at all
+    recorded: bool = True  # False: seen in its process or request spans, with no record
 
     @property
     def key(self) -> Key:
@@ -171,16 +171,16 @@ class ExportHealth:
             what = " and ".join(
                 x for x in (spans and f"{spans:,} spans", events and f"{events:,} events") if x
             )
+            n = len(self.accounts)
             parts.append(
-                f"{len(self.lossy)} of {len(self.accounts)} {_processes(len(self.accounts))} "
-                f"lost {what}: "
-                "some requests lack phases, so per-phase figures may be biased"
+                f"{len(self.lossy)} of {n} {_processes(n)} lost {what}: some requests lack "
+                "phases, so per-phase figures may be biased"
             )
         if self.failing:
             n = len(self.failing)
             parts.append(
-                f"the last export of {n} {_processes(n)} failed, so "
-                "spans may be missing from the store"
+                f"the last export of {n} {_processes(n)} failed, so spans may be missing "
+                "from the store"
             )
         said = "; ".join(parts)
         return f"{said[:1].upper()}{said[1:]}." if parts else ""

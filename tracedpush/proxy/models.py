@@ -149,8 +149,7 @@ class ModelCatalog:
         served = tuple(sorted(self.cards))
         if name not in self.cards:
             return Lookup(known=False, served=served, fetched=fetched)
-        read = self._vocab_unread(name)
-        vocab = await self._vocab(name)
+        vocab, read = await self._vocab(name)
         return Lookup(True, served, vocab, fetched=fetched, read_vocab=read)
 
     async def warm(self, fetch: Fetch) -> None:
@@ -163,10 +162,6 @@ class ModelCatalog:
             return
         for name in list(self.cards):
             await self._vocab(name)
-
-    def _vocab_unread(self, name: str) -> bool:
-        card = self._vocab_card(name)
-        return card is not None and card.root is not None and card.root not in self._vocab_by_root
 
     async def _refresh_if_stale(self, fetch: Fetch) -> bool:
         """Refresh the catalog unless it was within the TTL; True if this waited for one."""
@@ -187,27 +182,22 @@ class ModelCatalog:
             self._inflight = None
         return True
 
-    def _vocab_card(self, name: str) -> ModelCard | None:
-        """The card whose directory holds `name`'s vocabulary (None: a fixed one, or none)."""
+    async def _vocab(self, name: str) -> tuple[int | None, bool]:
+        """`name`'s vocabulary size, and whether this call read it from its directory."""
         if self.fixed_vocab is not None or self.cards is None:
-            return None
+            return self.fixed_vocab, False
         card = self.cards.get(name)
         if card is not None and card.parent in self.cards and not self._is_model_dir(card.root):
             card = self.cards[card.parent]  # a LoRA adapter: its base model's vocabulary
-        return card
-
-    async def _vocab(self, name: str) -> int | None:
-        if self.fixed_vocab is not None or self.cards is None:
-            return self.fixed_vocab
-        card = self._vocab_card(name)
         if card is None or card.root is None:
-            return None
-        if card.root not in self._vocab_by_root:
+            return None, False
+        read = card.root not in self._vocab_by_root
+        if read:
             size = await asyncio.to_thread(self._read_vocab, card.root)
             self._vocab_by_root[card.root] = size
             if size is not None:
                 log.info("model %s: vocabulary of %d token ids (from %s)", name, size, card.root)
-        return self._vocab_by_root[card.root]
+        return self._vocab_by_root[card.root], read
 
     @staticmethod
     def _is_model_dir(root: str | None) -> bool:

@@ -3,7 +3,8 @@
 floating over both cores, as the launcher's old partial pinning left them), and
 `test_late_registration`, which holds D's API server itself. Each runs before the shared
 deployments start, on these ports, under the session's engines lock. Both also check,
-with the report's trace completeness, that the stop let every engine process flush."""
+with the report's trace completeness, that the stop let every process flush
+(`check_flushed`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tracedpush import semconv as sc
+from tracedpush.analysis.export_health import ExportHealth
 from tracedpush.launcher import DeploymentConfig
 from tracedpush.launcher.affinity import PIN_ENV
 from tracedpush.launcher.servers import traced_connectors_available
@@ -41,3 +44,11 @@ def push_config(tmp_path: Path, **more: Any) -> DeploymentConfig:
         **PORTS,
         **more,
     )
+
+
+def check_flushed(health: ExportHealth) -> None:
+    """Every engine process of the 1P1D (P and D, scheduler and worker) and the proxy
+    wrote its final export record as the deployment stopped."""
+    engines = [a for a in health.accounts if a.service != sc.SERVICE_PROXY]
+    assert len(engines) == 4 and len(health.accounts) == 5, health.lines()  # + the proxy
+    assert health.unflushed == [], health.lines()
