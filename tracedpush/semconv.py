@@ -117,6 +117,10 @@ RES_HOST_NAME: Final = host_attributes.HOST_NAME
 RES_PROCESS_PID: Final = process_attributes.PROCESS_PID
 RES_TRACEDPUSH_VERSION: Final = "tracedpush.version"
 RES_VLLM_VERSION: Final = "vllm.version"
+# true on a process that writes `engine.export` records (every engine process, and the
+# proxy when it exports): one seen in the store with no record was killed before its
+# first (or lost them all), and the report's trace completeness names it
+RES_EXPORT_RECORDS: Final = "tracedpush.export.records"
 
 # -------------------------------------------------------------------- span attributes
 MODE: Final = "tracedpush.mode"  # "push" | "pull"

@@ -147,3 +147,41 @@ def test_an_engine_process_that_served_requests_but_wrote_no_process_span_is_nam
     warm = AnalysisIndex([tmp_path / "traces"], index_dir=tmp_path / "index")
     assert warm.update().export_health().to_json() == want.to_json()
     warm.close()
+
+
+def test_a_process_that_says_it_writes_records_and_wrote_none_is_named(tmp_path: Path) -> None:
+    """A proxy killed before its first record (10 s in) left only its request spans. Its
+    resource says it writes records (`tracedpush.export.records`), so it is named, in
+    `analyze()` and through the analysis index alike; a proxy that does not say so (one
+    before that attribute, or one with no exporter) is not."""
+    run = synthetic.generate(30, seed=4, modes=("push",))
+    run.write(tmp_path / "traces")
+    assert analyze(TraceStore.from_path(tmp_path / "traces")).export_health().unflushed == []
+    (path,) = (tmp_path / "traces").glob("push/tracedpush-proxy-*.jsonl")
+    docs = [json.loads(line) for line in path.read_text().splitlines()]
+    for doc in docs:
+        for rs in doc["resourceSpans"]:
+            mark = {"key": sc.RES_EXPORT_RECORDS, "value": {"boolValue": True}}
+            rs["resource"]["attributes"].append(mark)
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    pid = path.stem.rsplit("-", 1)[1]
+    want = analyze(TraceStore.from_path(tmp_path / "traces")).export_health()
+    (gone,) = want.unflushed
+    assert (gone.pid, gone.recorded, gone.service) == (pid, False, sc.SERVICE_PROXY)
+    assert want.lines()[-1].endswith(
+        f": proxy proxy-host:8000 (pid {pid} on proxy-host) (no record at all)"
+    )
+    for _ in ("cold", "warm"):
+        index = AnalysisIndex([tmp_path / "traces"], index_dir=tmp_path / "index")
+        assert index.update().export_health().to_json() == want.to_json()
+        index.close()
+
+
+def test_a_marked_process_is_named_even_when_no_process_wrote_a_record() -> None:
+    """Every process killed before its first record: the ones that say they write records
+    are named; unmarked ones (an older tracedpush) still are not."""
+    says = {sc.RES_EXPORT_RECORDS: True}
+    marked = Resource("tracedpush-proxy", "127.0.0.1:8000", "vm", "5", says)
+    old = Resource("vllm-prefill", "prefill-engine-001", "vm", "9")
+    h = ExportHealth.of({}, [marked, old])
+    assert [(a.pid, a.recorded) for a in h.unflushed] == [("5", False)]

@@ -345,6 +345,31 @@ def test_the_catalog_is_learnt_at_start_so_no_request_waits_for_it(tmp_path):
     run(scenario)
 
 
+@pytest.mark.parametrize("knows_key", [True, False])
+def test_the_start_up_catalog_asks_engines_with_a_key_with_vllm_api_key(knows_key):
+    """Engines started with --api-key refuse an unkeyed /v1/models (401). The proxy's
+    start-up lookup sends the key in VLLM_API_KEY (the engines' own variable), so no
+    request waits for the catalog; without it, the first request (with its client's
+    key) looks the catalog up and shows the wait as ``proxy.models``."""
+
+    async def scenario():
+        stubs = [StubEngine("prefill", api_key="k3y")], [StubEngine("decode", api_key="k3y")]
+        key = "k3y" if knows_key else None
+        async with proxy_rig("pull", *stubs, ready=False, engine_api_key=key) as rig:
+            assert (await rig.client.get("/health")).status == 200
+            auth = {"Authorization": "Bearer k3y"}
+            for _ in range(2):
+                resp = await rig.client.post(COMPLETIONS, json=PROMPT, headers=auth)
+                assert resp.status == 200
+            assert len(rig.spans("proxy.models")) == (0 if knows_key else 1)
+            assert rig.client.app[STATE].models.refreshes == (1 if knows_key else 2)
+            other = PROMPT | {"model": "other"}
+            resp = await rig.client.post(COMPLETIONS, json=other, headers=auth)
+            assert resp.status == 404  # the catalog is known either way: the check holds
+
+    run(scenario)
+
+
 @pytest.mark.parametrize("answered", [True, False])
 def test_a_request_that_waits_for_the_catalog_says_so_in_a_span(answered):
     """A request that came before the start-up lookup finished (D slow to list its

@@ -26,6 +26,24 @@ from tracedpush import semconv as sc
 from tracedpush.analysis.model import Resource, Span
 
 Key = tuple[str, str, str, str]  # (service, host, pid, side)
+_ENGINE_SERVICES = frozenset({sc.SERVICE_PREFILL, sc.SERVICE_DECODE})
+
+
+def writes_records(r: Resource) -> bool:
+    """The process says it writes export records (`RES_EXPORT_RECORDS`; before that
+    attribute, only engine processes were known to)."""
+    return r.attributes.get(sc.RES_EXPORT_RECORDS) is True
+
+
+def accountable(resources: Iterable[Resource]) -> list[Resource]:
+    """One resource per process among the request spans' (service, host, pid) that must
+    have an account: engine processes (by service), and any that says it writes records
+    (the proxy too, engines renamed by OTEL_SERVICE_NAME)."""
+    out: dict[tuple[str, str, str], Resource] = {}
+    for r in resources:
+        if r.service in _ENGINE_SERVICES or writes_records(r):
+            out.setdefault((r.service, r.host, r.pid), r)
+    return [out[k] for k in sorted(out)]
 
 
 @dataclass(slots=True, frozen=True)
@@ -132,14 +150,16 @@ class ExportHealth:
     def of(
         cls, accounts: Mapping[Key, ExportAccount], seen: Iterable[Resource] = ()
     ) -> ExportHealth:
-        """`seen`: the engine processes' resources (of their process spans and of their
-        request spans). One with no record at all (killed before its first, 10 s in, or
-        every one lost) gets an empty account, never flushed; unless no process wrote one
-        (a tracedpush older than export records)."""
+        """`seen`: the processes' resources (of their process spans, and `accountable`
+        ones of request spans). One with no record at all (killed before its first, 10
+        s in, or every one lost) gets an empty account, never flushed; unless no process
+        wrote one and it does not say it writes them (a tracedpush older than export
+        records)."""
         out = list(accounts.values())
         have = {(a.service, a.host, a.pid) for a in out}
-        for r in seen if out else ():
-            if (r.service, r.host, r.pid) not in have:
+        recorded = bool(out)
+        for r in seen:
+            if (recorded or writes_records(r)) and (r.service, r.host, r.pid) not in have:
                 have.add((r.service, r.host, r.pid))
                 out.append(
                     ExportAccount(r.service, r.host, r.pid, "", r.instance, 0, 0, recorded=False)

@@ -31,7 +31,6 @@ from tracedpush.analysis import steps_columns as cols
 from tracedpush.analysis.model import Resource, Span
 
 PROCESS_SPANS = frozenset(sc.PROCESS_SPANS)
-_ENGINE_SERVICES = frozenset({sc.SERVICE_PREFILL, sc.SERVICE_DECODE})
 
 
 def is_process_span(span: Span) -> bool:
@@ -512,20 +511,11 @@ class StepParts:
         offset applied (ms), as `analyze` computed them."""
         resources = list(resources)
         store = self.store()  # uses the parts up
-        store.serving = _engine_processes(resources)
+        store.serving = export_health.accountable(resources)
         if store.columns and applied_ms:
             offsets = _offsets(store.origins, [*resources, *store.resources], applied_ms)
             store.place(offsets, own=True)
         return store
-
-
-def _engine_processes(resources: Iterable[Resource]) -> list[Resource]:
-    """One resource per engine process among the request spans' (service, host, pid)."""
-    out: dict[tuple[str, str, str], Resource] = {}
-    for r in resources:
-        if r.service in _ENGINE_SERVICES:
-            out.setdefault((r.service, r.host, r.pid), r)
-    return [out[k] for k in sorted(out)]
 
 
 def _offsets(
@@ -701,7 +691,7 @@ class EngineSteps:
         out.resources = list(
             {**dict.fromkeys(self.resources), **dict.fromkeys(parts.resources.values())}
         )
-        out.serving = _engine_processes(resources)
+        out.serving = export_health.accountable(resources)
         off = np.zeros(len(out.origins) or 1, np.int64)
         if applied_ms:
             off = _offsets(out.origins, [*resources, *out.resources], applied_ms)

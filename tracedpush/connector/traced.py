@@ -159,7 +159,11 @@ class TracedConnectorMixin:
         resource = make_resource(
             service,
             engine_id,
-            {semconv.RES_VLLM_VERSION: vllm_version, "tracedpush.side": side},
+            {
+                semconv.RES_VLLM_VERSION: vllm_version,
+                "tracedpush.side": side,
+                semconv.RES_EXPORT_RECORDS: True,
+            },
         )
         stem = f"{service}-{side}{rank if side == 'worker' else ''}"
         observations = Observations()

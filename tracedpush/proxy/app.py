@@ -80,6 +80,9 @@ class ProxyConfig:
     vocab_size: int | None = None  # None: learn it from the model directory, else skip
     model_check: bool = True  # 404 for models the engines do not list in /v1/models
     model_cache_ttl: float = MODEL_CACHE_TTL_S  # at most one /v1/models refresh per ttl
+    # the engines' --api-key (VLLM_API_KEY): the start-up /v1/models asks with it; requests
+    # carry their clients' Authorization as they came
+    engine_api_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -794,7 +797,11 @@ async def _lifecycle(app: web.Application) -> Any:
             asyncio.create_task(_probe_prefill(state, i)) for i in state.prefill.instances
         ]
     if config.model_check:  # so that no request waits for the catalog (`ModelCatalog.warm`)
-        state.models_warm = asyncio.create_task(state.models.warm(lambda: _fetch_models(state, {})))
+        key = config.engine_api_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        state.models_warm = asyncio.create_task(
+            state.models.warm(lambda: _fetch_models(state, headers))
+        )
         startup_probes.append(state.models_warm)
     yield
     for task in startup_probes:

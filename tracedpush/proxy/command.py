@@ -174,7 +174,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=env_bool("TRACEDPUSH_PROXY_MODEL_CHECK", True),
         help="answer 404 model_not_found for a model the engines do not list in "
         "/v1/models (default on; turn off for engines that load LoRAs on demand or skip "
-        "model name validation). Env: TRACEDPUSH_PROXY_MODEL_CHECK=0/1.",
+        "model name validation). The proxy learns the list as it starts, with the key in "
+        "VLLM_API_KEY when set (the engines' own variable for --api-key), else with the "
+        "first request's Authorization. Env: TRACEDPUSH_PROXY_MODEL_CHECK=0/1.",
     )
     timeouts = parser.add_argument_group("timeouts (seconds)")
     timeouts.add_argument(
@@ -255,6 +257,7 @@ def build_config(args: argparse.Namespace) -> ProxyConfig:
         max_body_bytes=args.max_body_bytes,
         vocab_size=_vocab_size(args),
         model_check=args.model_check,
+        engine_api_key=env_str("VLLM_API_KEY"),
     )
 
 

@@ -15,6 +15,16 @@ again, once, on a new connection (as browsers and Go's HTTP client do). vLLM's A
 server (uvicorn) closes a connection idle for 5 s; when its event loop runs late (a
 starved API server), that timer fires before it reads what arrived meanwhile, and the
 kernel resets the connection with the request unread. The clock keeps both sends.
+
+Could a request be run twice? Only if the server read it and then closed without a
+response head. uvicorn (httptools and h11 protocols alike, read at e6c7ce7, 2025-09)
+never does that while it runs: `data_received` cancels the keep-alive timer before it
+parses, so the timer closes only a connection with no request parsed; a graceful
+shutdown closes only connections between requests (one mid-request gets
+``Connection: close`` after its answer); an application error before the response
+starts is answered 500, after it a head was already sent. What is left is the API
+server process dying after it read the request: then the new connection is refused,
+and the leg fails as before.
 """
 
 from __future__ import annotations

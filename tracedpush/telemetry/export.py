@@ -470,9 +470,10 @@ def build_tracer_provider(
 ) -> TracerProvider:
     """A TracerProvider for the proxy: JSONL files and/or OTLP, never blocking, with the
     process's own export records (`_SinkProcessor`) under `instance_id` and `mode`."""
-    resource = make_resource(service_name, instance_id, extra_resource)
-    provider = TracerProvider(resource=resource)
     workers = build_exporters(traces_dir, stem=service_name)
+    extra = {**(extra_resource or {}), semconv.RES_EXPORT_RECORDS: bool(workers)}
+    resource = make_resource(service_name, instance_id, extra)
+    provider = TracerProvider(resource=resource)
     if workers:
         cfg = BuilderConfig(mode=mode, role="proxy", side="", engine_id=instance_id)
         records = ProcessSpans(SpanFactory(cfg, resource))

@@ -58,6 +58,7 @@ class StubEngine:
     model_root: str | None = None  # the cards' "root" (vLLM: the model directory)
     models_status: int = 200  # answer /v1/models with this status
     models_asked: int = 0  # /v1/models requests seen
+    api_key: str | None = None  # as vLLM's --api-key: /v1 routes need "Bearer <key>"
     kv_params: Callable[[dict[str, Any], str], dict[str, Any] | None] | None = None
     before_answer: Callable[[], Awaitable[None]] | None = None
     requests: list[Recorded] = field(default_factory=list)
@@ -87,8 +88,16 @@ class StubEngine:
             await asyncio.sleep(self.health_delay)
         return web.Response(status=200 if self.healthy else 503)
 
+    def _refused(self, request: web.Request) -> web.Response | None:
+        """vLLM's answer to a /v1 request without the server's key (--api-key)."""
+        if self.api_key is None or request.headers.get("Authorization") == f"Bearer {self.api_key}":
+            return None
+        return web.json_response({"error": "Unauthorized"}, status=401)
+
     async def _models(self, request: web.Request) -> web.Response:
         self.models_asked += 1
+        if (refused := self._refused(request)) is not None:
+            return refused
         if self.models_delay:
             await asyncio.sleep(self.models_delay)
         if self.models_status != 200:
@@ -98,6 +107,8 @@ class StubEngine:
         return web.json_response({"object": "list", "data": cards})
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
+        if (refused := self._refused(request)) is not None:
+            return refused
         body = await request.json()
         self.requests.append(Recorded(request.path, CIMultiDict(request.headers), body))
         self.received.set()
