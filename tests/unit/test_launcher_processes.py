@@ -24,6 +24,7 @@ from tracedpush.launcher.processes import (
     port_in_use,
     session_members,
     stop_all,
+    stop_stages,
     wait_healthy,
 )
 from tracedpush.launcher.supervise import Supervisor
@@ -32,7 +33,9 @@ from tracedpush.testing.processes import alive
 
 # A stand-in for vLLM's API server: serves /health, forks a child (like EngineCore) that
 # sleeps, writes both pids to a file; on SIGTERM stops its child and exits, or, when
-# "stubborn", ignores SIGTERM (as a hung engine would).
+# "stubborn", ignores SIGTERM (as a hung engine would). "handover": the child listens on
+# $FAKE_SIDE_PORT (a NIXL side channel) and the server, once it has reaped the child,
+# tears down 1.5 s more; "stamp" notes when its SIGTERM came. Both note when they exit.
 FAKE_SERVER = textwrap.dedent(
     """
     import http.server, os, signal, sys, time
@@ -45,6 +48,13 @@ FAKE_SERVER = textwrap.dedent(
     if mode in ("ordered", "leaves_child"):
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the child waits for it
     child = os.fork()
+    if child == 0 and mode == "handover":
+        import socket
+        side = socket.socket()
+        side.bind(("127.0.0.1", int(os.environ["FAKE_SIDE_PORT"])))
+        side.listen()
+        while True:
+            time.sleep(1)
     if child == 0:
         if mode == "stubborn":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -64,6 +74,22 @@ FAKE_SERVER = textwrap.dedent(
         )
     if mode == "leaves_child":  # exits at once, its child left behind
         signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+    def note(what):
+        with open(f"{pidfile}.{what}", "w") as f:
+            f.write(repr(time.time()))
+    if mode == "handover":
+        def slow_exit(*a):
+            os.kill(child, signal.SIGTERM)
+            os.waitpid(child, 0)
+            time.sleep(1.5)
+            note("exited")
+            os._exit(0)
+        signal.signal(signal.SIGTERM, slow_exit)
+    if mode == "stamp":
+        signal.signal(
+            signal.SIGTERM,
+            lambda *a: (note("sigterm"), os.kill(child, signal.SIGTERM), os._exit(0)),
+        )
     if mode in ("ordered", "leaves_child"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     with open(pidfile, "w") as f:
@@ -93,17 +119,21 @@ def fake(tmp_path: Path):
     script.write_text(FAKE_SERVER)
     started: list[ManagedProcess] = []
 
-    def start(name: str, mode: str = "ok", own_tree: bool = False) -> tuple[ManagedProcess, Path]:
+    def start(
+        name: str, mode: str = "ok", own_tree: bool = False, handover: bool = False
+    ) -> tuple[ManagedProcess, Path]:
         port, pidfile = free_port(), tmp_path / f"{name}.pids"
+        side = free_port() if mode == "handover" else 0
         proc = ManagedProcess(
             name,
             [sys.executable, str(script), str(port), str(pidfile), mode],
             tmp_path / f"{name}.log",
-            ports=(port,),
+            ports=(port, side) if side else (port,),
             health_url=f"http://127.0.0.1:{port}/health",
             stops_own_tree=own_tree,
+            handover_ports=(side,) if handover else (),
         )
-        proc.start(dict(os.environ))
+        proc.start({**os.environ, "FAKE_SIDE_PORT": str(side)})
         started.append(proc)
         return proc, pidfile
 
@@ -124,6 +154,31 @@ def test_teardown_stops_server_and_its_children_and_frees_port(fake):
     assert report.clean and report.killed == []
     assert not any(alive(p) for p in pids)
     assert not port_in_use(a.ports[0]) and not port_in_use(b.ports[0])
+
+
+@pytest.mark.parametrize("handover", [True, False])
+def test_the_next_stage_begins_once_the_handover_ports_are_free(fake, handover):
+    """A prefill engine's side channel closes as its worker exits, 2-4 s before the rest
+    of it: the decode engines' stop begins then (their drain needs only that), not once
+    the prefill engine has exited; the stage after them waits for every earlier one."""
+    p, p_pids = fake("prefill", mode="handover", own_tree=True, handover=handover)
+    d, d_pids = fake("decode", mode="stamp", own_tree=True)
+    c, c_pids = fake("collector", mode="stamp")
+    wait_healthy([p, d, c], timeout=60, interval=0.1)
+    assert port_in_use(p.ports[1])
+
+    report = stop_stages([[p], [d], [c]], grace=10.0)
+
+    assert report.clean and report.killed == []
+    p_exited = float(Path(f"{p_pids}.exited").read_text())
+    d_signalled = float(Path(f"{d_pids}.sigterm").read_text())
+    c_signalled = float(Path(f"{c_pids}.sigterm").read_text())
+    if handover:  # the server's 1.5 s after its child: D's stop overlapped it
+        assert d_signalled < p_exited - 0.5
+    else:
+        assert d_signalled >= p_exited
+    assert c_signalled >= p_exited  # the collector outlives every engine
+    assert not port_in_use(p.ports[1]) and session_members({p.pid, d.pid, c.pid}) == []
 
 
 def test_sigterm_ignoring_tree_is_killed(fake):

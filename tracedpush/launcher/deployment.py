@@ -408,6 +408,8 @@ class Deployment:
             health_url=f"{e.url}/health",
             cpus=engine_cores(env),
             stops_own_tree=True,
+            # D drains once P's side channel refuses (`_stop_order`), not its exit
+            handover_ports=(e.side_channel_port,) if e.role == "prefill" else (),
         )
         return proc, env
 
@@ -513,8 +515,12 @@ class Deployment:
         2. the prefill engines, then 3. the decode engines: a decode engine keeps the
            blocks of a request abandoned while it waited for a push WRITE until that
            request's prefill engine is gone (vLLM never frees them; the connector's
-           `producer_watch` does once P refuses connections), so it drains only then;
-        4. the collector, which the engines export their last spans to.
+           `producer_watch` does once P's NIXL side channel refuses connections), so it
+           drains only then. D's stop begins as soon as that port is free (P's
+           `handover_ports`), while P's EngineCore and API server still tear down:
+           2-4 s less a stop than after P's exit, and the same drain for D;
+        4. the collector, which the engines export their last spans to, once all have
+           exited.
         """
         by_role = [{e.name for e in self.engines if e.role == r} for r in ("prefill", "decode")]
         engines = set().union(*by_role)

@@ -202,6 +202,10 @@ class ManagedProcess:
     # SIGTERM to the whole group lets the server kill them mid-flush. What is left of the
     # group when the server has exited gets SIGTERM then.
     stops_own_tree: bool = False
+    # Ports whose release lets the next stop stage begin while this server still tears
+    # down (`stop_stages`): an engine's NIXL side channel, closed as its worker exits,
+    # which is all a decode engine's drain waits for; () = only its exit does.
+    handover_ports: tuple[int, ...] = ()
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _env: dict[str, str] = field(default_factory=dict, repr=False)
     _cwd: str | os.PathLike[str] | None = field(default=None, repr=False)
@@ -325,15 +329,61 @@ def stop_stages(
     log: Callable[[str], None] | None = None,
 ) -> TeardownReport:
     """`stop_all` on each stage in turn (e.g. the proxy, then the engines it sends to,
-    then the collector they export to); one report for all."""
+    then the collector they export to); one report for all.
+
+    A stage begins once every earlier one has exited, except that the one just before
+    may instead have freed its `handover_ports` (when each of its processes names some):
+    the rest of its teardown (vLLM's EngineCore and API server after its worker, 2-4 s
+    here) then overlaps this stage's. Each stage is stopped on a thread of its own."""
     t0 = time.monotonic()
-    reports = [stop_all(stage, grace, port_timeout, log) for stage in stages if stage]
+    stops: list[tuple[_StageStop, list[int]]] = []
+    for stage in stages:
+        if not stage:
+            continue
+        for before, _ in stops[:-1]:
+            before.done.wait()
+        if stops:
+            last, handover = stops[-1]
+            while not last.done.wait(0.1):
+                if handover and not busy_ports(handover):
+                    break
+        ports = [port for p in stage for port in p.handover_ports]
+        handover = ports if all(p.handover_ports for p in stage) else []
+        stops.append((_StageStop(stage, grace, port_timeout, log), handover))
+    reports = [stop.report() for stop, _ in stops]
     return TeardownReport(
         [pid for r in reports for pid in r.leftover_pids],
         [port for r in reports for port in r.bound_ports],
         time.monotonic() - t0,
         [name for r in reports for name in r.killed],
     )
+
+
+class _StageStop:
+    """`stop_all` of one stage on a thread of its own (`stop_stages`)."""
+
+    def __init__(self, procs: Sequence[ManagedProcess], *args: object) -> None:
+        self.done = threading.Event()
+        self._result: TeardownReport | BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(procs, *args), name="tracedpush-stop", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, procs: Sequence[ManagedProcess], *args: object) -> None:
+        try:
+            self._result = stop_all(procs, *args)  # type: ignore[arg-type]
+        except BaseException as exc:  # raised again by the caller's thread (`report`)
+            self._result = exc
+        finally:
+            self.done.set()
+
+    def report(self) -> TeardownReport:
+        self._thread.join()
+        if isinstance(self._result, BaseException):
+            raise self._result
+        assert self._result is not None
+        return self._result
 
 
 def stop_all(
