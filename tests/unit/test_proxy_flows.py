@@ -615,6 +615,22 @@ def test_models_come_from_a_decode_instance():
     run(scenario)
 
 
+def test_models_are_relayed_with_the_clients_key():
+    """Engines started with --api-key refuse GET /v1/models without it: the relay passes
+    the client's Authorization on, as the generate legs do."""
+
+    async def scenario():
+        decode = StubEngine("decode", api_key="k3y")
+        async with proxy_rig("push", decode=[decode], model_check=False) as rig:
+            assert (await rig.client.get("/v1/models")).status == 401
+            auth = {"Authorization": "Bearer k3y"}
+            resp = await rig.client.get("/v1/models", headers=auth)
+            assert resp.status == 200
+            assert (await resp.json())["data"][0]["id"] == "stub-model"
+
+    run(scenario)
+
+
 def test_metrics_count_requests_by_status_and_leg():
     async def scenario():
         async with proxy_rig("pull") as rig:

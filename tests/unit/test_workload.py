@@ -18,15 +18,18 @@ TOKEN_GAP_S = 0.02  # the stand-in's inter-token delay
 
 
 @pytest.fixture
-def server() -> Iterator[tuple[str, list[dict]]]:
-    seen: list[dict] = []
+def server() -> Iterator[tuple[str, list[dict], list[str | None]]]:
+    seen: list[dict] = []  # each completion: its request id, body and Authorization
+    listed: list[str | None] = []  # each /v1/models: its Authorization
 
-    async def models(_req: web.Request) -> web.Response:
+    async def models(req: web.Request) -> web.Response:
+        listed.append(req.headers.get("Authorization"))
         return web.json_response({"data": [{"id": "tiny"}]})
 
     async def completions(req: web.Request) -> web.StreamResponse:
         body = await req.json()
-        seen.append({"id": req.headers.get("X-Request-Id"), "body": body})
+        auth = req.headers.get("Authorization")
+        seen.append({"id": req.headers.get("X-Request-Id"), "body": body, "auth": auth})
         if "bad" in body["prompt"]:
             return web.json_response({"error": {"message": "bad prompt"}}, status=400)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -50,14 +53,14 @@ def server() -> Iterator[tuple[str, list[dict]]]:
     loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{port}", seen
+    yield f"http://127.0.0.1:{port}", seen, listed
     asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result()
     loop.call_soon_threadsafe(loop.stop)
     thread.join()
 
 
 def test_streams_measures_and_tags_requests(server):
-    url, seen = server
+    url, seen, _listed = server
     prompts = [Prompt("a b c", 3, "short"), Prompt("a " * 50, 50, "long"), Prompt("bad", 1, "x")]
     results = run_workload(
         url + "/v1", prompts, concurrency=2, max_tokens=5, request_id_prefix="run7"
@@ -80,6 +83,18 @@ def test_streams_measures_and_tags_requests(server):
 
     s = summarize(results)
     assert s["requests"] == 3 and s["errors"] == 1 and s["ttft_ms_p50"] > 0
+
+
+def test_the_key_in_openai_api_key_goes_with_every_request(server, monkeypatch):
+    """As vLLM's benchmark client: engines started with --api-key need it, and the
+    proxy passes it on; without the variable no Authorization is sent."""
+    url, seen, listed = server
+    prompts = [Prompt("a b c", 3, "short")]
+    run_workload(url + "/v1", prompts, concurrency=1, max_tokens=2)
+    monkeypatch.setenv("OPENAI_API_KEY", "k3y")
+    run_workload(url + "/v1", prompts, concurrency=1, max_tokens=2)
+    assert [s["auth"] for s in seen] == [None, "Bearer k3y"]
+    assert listed == [None, "Bearer k3y"]  # the model name, asked first
 
 
 def test_percentile_interpolates():

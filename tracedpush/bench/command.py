@@ -274,6 +274,8 @@ def _own_target(a) -> Target:
     import json
     import urllib.request
 
+    from tracedpush.bench.workload import auth_headers
+
     for url in [*(a.prefill or []), *(a.decode or [])]:
         try:
             with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=10) as resp:
@@ -286,7 +288,8 @@ def _own_target(a) -> Target:
     if name is None or root is None:
         url = a.proxy.rstrip("/") + "/v1/models"
         try:
-            with urllib.request.urlopen(url, timeout=30) as resp:
+            listing = urllib.request.Request(url, headers=auth_headers())
+            with urllib.request.urlopen(listing, timeout=30) as resp:
                 first = json.load(resp)["data"][0]
         except (OSError, ValueError, KeyError, IndexError) as exc:
             raise SystemExit(f"tracedpush bench sweep: cannot list models at {url}: {exc}") from exc

@@ -33,7 +33,6 @@ import codecs
 import contextlib
 import json
 import math
-import os
 import sys
 import time
 import traceback
@@ -46,6 +45,8 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+
+from tracedpush.bench.workload import auth_headers
 
 __all__ = ["RandomRequest", "arrival_offsets", "random_requests", "run_cell"]
 
@@ -494,10 +495,7 @@ async def run_cell(
     requests = _sample(tok, num_prompts, input_len, output_len, seed, request_id_prefix)
     offsets = arrival_offsets(num_prompts, request_rate, seed, burstiness)
     api_url = base_url + endpoint
-    headers: dict[str, str] = {}
-    if api_key := os.environ.get("OPENAI_API_KEY"):
-        headers["Authorization"] = f"Bearer {api_key}"
-    headers |= extra_headers or {}
+    headers = auth_headers() | (extra_headers or {})
     sampling = {"temperature": temperature} if temperature is not None else {}
     report = _Progress(progress, num_prompts)
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()

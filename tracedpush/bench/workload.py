@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -165,10 +166,18 @@ def summarize(results: Iterable[RequestResult]) -> dict[str, Any]:
 
 
 async def fetch_model_name(session: aiohttp.ClientSession, base_url: str) -> str:
-    async with session.get(f"{base_url}/v1/models") as resp:
+    async with session.get(f"{base_url}/v1/models", headers=auth_headers()) as resp:
         resp.raise_for_status()
         data = await resp.json()
     return data["data"][0]["id"]
+
+
+def auth_headers() -> dict[str, str]:
+    """``Authorization: Bearer $OPENAI_API_KEY`` when that is set, as vLLM's benchmark
+    client sends it: engines started with ``--api-key`` (or ``VLLM_API_KEY``) refuse
+    requests without it, and the proxy passes each client's header on."""
+    key = os.environ.get("OPENAI_API_KEY", "").strip()
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _body(
@@ -228,9 +237,8 @@ async def send_one(
     text: list[str] = []
     finish = None
     try:
-        async with session.post(
-            base_url + path, json=body, headers={"X-Request-Id": request_id}
-        ) as resp:
+        headers = {"X-Request-Id": request_id, **auth_headers()}
+        async with session.post(base_url + path, json=body, headers=headers) as resp:
             status = resp.status
             if resp.status != 200:
                 error = f"HTTP {resp.status}: {(await resp.text())[:300]}"

@@ -80,9 +80,16 @@ class ProxyConfig:
     vocab_size: int | None = None  # None: learn it from the model directory, else skip
     model_check: bool = True  # 404 for models the engines do not list in /v1/models
     model_cache_ttl: float = MODEL_CACHE_TTL_S  # at most one /v1/models refresh per ttl
-    # the engines' --api-key (VLLM_API_KEY): the start-up /v1/models asks with it; requests
-    # carry their clients' Authorization as they came
+    # the engines' --api-key (VLLM_API_KEY): the proxy's own calls (the start-up
+    # /v1/models, the coordinate probe) send it; requests carry their clients'
+    # Authorization as they came
     engine_api_key: str | None = None
+
+    @property
+    def engine_auth(self) -> dict[str, str]:
+        """The header of the proxy's own calls to the engines ({} without a key)."""
+        key = self.engine_api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -712,10 +719,15 @@ def _finish_alone(state: ProxyState, task: asyncio.Task[Any]) -> None:
 
 async def handle_models(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
+    auth = request.headers.get("Authorization")  # engines with --api-key need it here too
     try:
         d = _pick(state.decode)
         status, raw, content_type = await state.upstream.get(
-            "decode", d, "/v1/models", {}, deadline=state.upstream.deadline()
+            "decode",
+            d,
+            "/v1/models",
+            {"Authorization": auth} if auth else {},
+            deadline=state.upstream.deadline(),
         )
     except ProxyError as err:
         return web.json_response(err.body(), status=err.status)
@@ -760,7 +772,12 @@ async def _probe_prefill(state: ProxyState, inst: Instance) -> None:
     if inst.role != "prefill" or inst.coords is None or inst.coords.learned is not None:
         return
     try:
-        coords = await probe(state.upstream.session, inst.url, state.config.timeouts.first_byte)
+        coords = await probe(
+            state.upstream.session,
+            inst.url,
+            state.config.timeouts.first_byte,
+            state.config.engine_auth,
+        )
     except Exception as exc:  # a failed probe leaves learning-from-answers in place
         log.warning("coordinate probe of %s failed: %s", inst.url, exc)
         return
@@ -797,10 +814,8 @@ async def _lifecycle(app: web.Application) -> Any:
             asyncio.create_task(_probe_prefill(state, i)) for i in state.prefill.instances
         ]
     if config.model_check:  # so that no request waits for the catalog (`ModelCatalog.warm`)
-        key = config.engine_api_key
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
         state.models_warm = asyncio.create_task(
-            state.models.warm(lambda: _fetch_models(state, headers))
+            state.models.warm(lambda: _fetch_models(state, config.engine_auth))
         )
         startup_probes.append(state.models_warm)
     yield

@@ -1,0 +1,87 @@
+"""Engines that need an API key (vLLM's ``--api-key``, here from ``VLLM_API_KEY``).
+
+Real engines check it on every /v1 route. The proxy's own calls must send it: the model
+catalog it learns as it starts (else the first request waits for a lookup, with the
+client's key) and, with ``--kv-discovery probe``, the 1-token prefill that asks P for
+its NIXL coordinates (else push learns them only from P's first answer). A client's key
+passes through to both engines (and to D for ``GET /v1/models``); a request without one
+is refused by the engines, and the proxy relays that. The benchmark clients send
+``OPENAI_API_KEY`` as vLLM's does.
+
+The probe pins a KV block on P until its lease expires (docs/proxy.md, "Probe cost"), and
+vLLM's drain waits for it: stopped within the lease, P outlives its 10 s drain and vLLM
+kills it before its final export record (docs/launcher.md, "Stopping"). So the lease is
+shortened to `LEASE_S`, and the deployment stops after it.
+
+It runs before the shared deployments start (no `pd` marker), on its own ports, under
+the session's engines lock.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tracedpush import semconv as sc
+from tracedpush.analysis import TraceStore, analyze, phases
+from tracedpush.bench.workload import PromptMaker, run_workload
+from tracedpush.launcher import Deployment
+from tracedpush.testing.unpinned import check_flushed, push_config
+
+KEY = "tp-e2e-key"
+LEASE_S = 5  # P's kv_lease_duration (vLLM's default is 30 s)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+
+def _status(url: str, body: dict | None = None, key: str | None = None) -> int:
+    """A GET (no `body`) or a JSON POST to the proxy, with or without the key."""
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_the_proxy_sends_the_engines_key_and_clients_keys_pass_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = push_config(
+        tmp_path,
+        proxy_args=("--kv-discovery", "probe"),
+        kv_extra_config={"kv_lease_duration": LEASE_S},
+    )
+    config = replace(config, env={**config.env, "VLLM_API_KEY": KEY})
+    prompts = PromptMaker(config.model, seed=3).mix([128, 512], 3)
+    with Deployment(config) as d:
+        ready = time.monotonic()  # the probe went out as the proxy started
+        body = {"model": d.model_name, "prompt": "no key", "max_tokens": 2}
+        assert _status(f"{d.proxy_url}/v1/completions", body) == 401
+        assert _status(f"{d.proxy_url}/v1/models") == 401
+        assert _status(f"{d.proxy_url}/v1/models", key=KEY) == 200  # relayed with the key
+        monkeypatch.setenv("OPENAI_API_KEY", KEY)
+        results = run_workload(d.proxy_url, prompts, 2, 8, model=d.model_name)
+        time.sleep(max(0.0, ready + LEASE_S + 1.0 - time.monotonic()))  # the probe's lease
+    assert all(r.ok for r in results), [r.to_dict() for r in results if not r.ok]
+    proxy_log = (config.run_dir / "proxy.log").read_text()
+    assert "coordinates from its probe" in proxy_log, proxy_log[-2000:]
+    store = TraceStore.from_path(config.traces_dir)
+    run = analyze(store, spans=False)
+    check_flushed(run.export_health())
+    ok = [r for r in run.requests if r.failure is None]
+    assert len(ok) == len(prompts), [(r.request_id, r.failure) for r in run.requests]
+    for r in ok:  # the catalog was learnt at start, with the engines' key
+        assert phases.MODEL_LOOKUP not in {s.phase for s in r.critical_path}, r.critical_path
+        names = {s.name for s in store.spans(r.trace_id)}
+        assert sc.SPAN_PROXY_MODELS not in names and sc.SPAN_KV_WRITE in names, names
