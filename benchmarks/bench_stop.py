@@ -8,8 +8,8 @@ launcher SIGTERM and reads the time it reports for its teardown (``stopped in X 
 from the first SIGTERM to no process left and every port free), and the wall time
 until it exited.
 
-Each side is a git checkout (``git worktree add --detach``, removed afterwards; ``.``
-is the working tree) whose launcher runs as ``python -m tracedpush up`` from its
+Each side is a git checkout (bench_abba.py's: ``git worktree add --detach``, removed
+afterwards; ``.`` is the working tree) whose launcher runs as ``python -m tracedpush up`` from its
 directory, so that its `tracedpush` comes first on the path. The engines and the proxy
 it starts import the installed `tracedpush` (this checkout's, editable): a side
 changes only the launcher's own code, which is what stops them.
@@ -34,25 +34,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from bench_abba import REPO, WORKING_TREE, _checkout, _remove  # a side's checkout
+
 PYTHON = REPO / ".venv" / "bin" / "python"
-WORKING_TREE = "."
 READY = "Press Ctrl-C to stop."
 STOPPED = re.compile(r"stopped in ([0-9.]+)s")
 REQUEST = {"model": "tiny-qwen2", "prompt": "hello there how are you", "max_tokens": 8}
-
-
-def _git(*args: str) -> str:
-    cmd = ["git", "-C", str(REPO), *args]
-    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
-
-
-def _checkout(rev: str, where: Path) -> tuple[Path, str]:
-    """`rev`'s code directory and commit (the working tree itself for ``.``)."""
-    if rev == WORKING_TREE:
-        return REPO, _git("rev-parse", "HEAD") + " (working tree)"
-    _git("worktree", "add", "--detach", str(where), rev)
-    return where, _git("rev-parse", f"{rev}^{{commit}}")
 
 
 def _wait_ready(log: Path, proc: subprocess.Popen[bytes], timeout: float) -> None:
@@ -113,22 +100,21 @@ def main(argv: list[str] | None = None) -> int:
         sides = {}
         try:
             for name, rev in (("A", args.a), ("B", args.b)):
-                sides[name] = (rev, *_checkout(rev, Path(tmp) / f"code-{name}"))
+                sides[name] = _checkout(name, rev, Path(tmp))
             got: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
             order = [s for _ in range(args.rounds) for s in ("A", "B", "B", "A")]
             for i, name in enumerate(order, 1):
-                rev, code, _ = sides[name]
-                run = Path(tmp) / f"run-{i}-{name}"
-                stop = one_stop(code, run, args.requests, args.startup_timeout)
+                side = sides[name]
+                run = side.work / f"run-{i}"
+                stop = one_stop(side.code, run, args.requests, args.startup_timeout)
                 got[name].append(stop)
-                print(f"[{i}/{len(order)}] {name} ({rev}): {stop}", flush=True)
+                print(f"[{i}/{len(order)}] {name} ({side.rev}): {stop}", flush=True)
         finally:
-            for _rev, code, _ in sides.values():
-                if code != REPO:
-                    _git("worktree", "remove", "--force", str(code))
+            for side in sides.values():
+                _remove(side)
     means = {n: statistics.mean(s["stopped_s"] for s in got[n]) for n in got}
     result = {
-        "sides": {n: {"rev": rev, "commit": commit} for n, (rev, _, commit) in sides.items()},
+        "sides": {n: {"rev": s.rev, "commit": s.commit} for n, s in sides.items()},
         "order": "".join(order),
         "stops": got,
         "mean_stopped_s": {n: round(m, 2) for n, m in means.items()},

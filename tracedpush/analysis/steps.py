@@ -552,7 +552,8 @@ class EngineSteps:
         self.exports: dict[export_health.Key, export_health.ExportAccount] = {}
         self.spans = 0  # process spans read
         self.resources: list[Resource] = []  # every process span's, as first seen
-        # the engine processes the request spans came from (`export_health`)
+        # the processes of the request spans that must have an export account (engine
+        # processes, and any whose resource says it writes records: `export_health`)
         self.serving: list[Resource] = []
         self.offsets = np.zeros(1, np.int64)  # ns per origin, as placed
         # per engine, its latest records as read (raw clocks, every one from a time on:
@@ -642,7 +643,7 @@ class EngineSteps:
         return _StepLists(self)
 
     def export_health(self) -> export_health.ExportHealth:
-        """What the engine processes' own export records say (`export_health`)."""
+        """What the processes' own export records say (`export_health`)."""
         return export_health.ExportHealth.of(self.exports, [*self.resources, *self.serving])
 
     @classmethod

@@ -349,7 +349,8 @@ def stop_stages(
                     break
         ports = [port for p in stage for port in p.handover_ports]
         handover = ports if all(p.handover_ports for p in stage) else []
-        stops.append((_StageStop(stage, grace, port_timeout, log), handover))
+        stop = _StageStop(functools.partial(stop_all, stage, grace, port_timeout, log))
+        stops.append((stop, handover))
     reports = [stop.report() for stop, _ in stops]
     return TeardownReport(
         [pid for r in reports for pid in r.leftover_pids],
@@ -362,17 +363,17 @@ def stop_stages(
 class _StageStop:
     """`stop_all` of one stage on a thread of its own (`stop_stages`)."""
 
-    def __init__(self, procs: Sequence[ManagedProcess], *args: object) -> None:
+    def __init__(self, stop: Callable[[], TeardownReport]) -> None:
         self.done = threading.Event()
         self._result: TeardownReport | BaseException | None = None
         self._thread = threading.Thread(
-            target=self._run, args=(procs, *args), name="tracedpush-stop", daemon=True
+            target=self._run, args=(stop,), name="tracedpush-stop", daemon=True
         )
         self._thread.start()
 
-    def _run(self, procs: Sequence[ManagedProcess], *args: object) -> None:
+    def _run(self, stop: Callable[[], TeardownReport]) -> None:
         try:
-            self._result = stop_all(procs, *args)  # type: ignore[arg-type]
+            self._result = stop()
         except BaseException as exc:  # raised again by the caller's thread (`report`)
             self._result = exc
         finally:

@@ -104,6 +104,13 @@ class ProxyConfig:
             raise ValueError("vocab_size must be >= 1 (or None: unknown)")
 
 
+def _client_auth(request: web.Request) -> dict[str, str]:
+    """The client's ``Authorization``, for a call made on its behalf ({} without one):
+    engines started with --api-key refuse every /v1 route without it."""
+    auth = request.headers.get("Authorization")
+    return {"Authorization": auth} if auth else {}
+
+
 class ProxyState:
     """Everything the handlers share; one per application."""
 
@@ -187,10 +194,8 @@ class Exchange:
 
     # -------------------------------------------------------------- leg plumbing
     def leg_headers(self, span: Span) -> dict[str, str]:
-        headers = {"X-Request-Id": self.request_id, **proxy_spans.trace_headers(span)}
-        if auth := self.request.headers.get("Authorization"):
-            headers["Authorization"] = auth
-        return headers
+        trace = proxy_spans.trace_headers(span)
+        return {"X-Request-Id": self.request_id, **trace, **_client_auth(self.request)}
 
     def add_trace_context(self, kv: dict[str, Any], span: Span) -> dict[str, Any]:
         if self.state.config.trace_context and (ctx := proxy_spans.kv_trace_context(span)):
@@ -589,8 +594,7 @@ async def _check_model(ex: Exchange, body: dict[str, Any]) -> int | None:
     state = ex.state
     if not state.config.model_check:
         return state.config.vocab_size
-    auth = ex.request.headers.get("Authorization")
-    headers = {"Authorization": auth} if auth else {}
+    headers = _client_auth(ex.request)
     start_ns = time.time_ns()
     found = await state.models.lookup(body["model"], lambda: _fetch_models(state, headers))
     if found.waited:  # a catalog miss: the request's time, on its critical path
@@ -719,15 +723,10 @@ def _finish_alone(state: ProxyState, task: asyncio.Task[Any]) -> None:
 
 async def handle_models(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    auth = request.headers.get("Authorization")  # engines with --api-key need it here too
     try:
         d = _pick(state.decode)
         status, raw, content_type = await state.upstream.get(
-            "decode",
-            d,
-            "/v1/models",
-            {"Authorization": auth} if auth else {},
-            deadline=state.upstream.deadline(),
+            "decode", d, "/v1/models", _client_auth(request), deadline=state.upstream.deadline()
         )
     except ProxyError as err:
         return web.json_response(err.body(), status=err.status)

@@ -1,8 +1,9 @@
 """A push 1P1D of its own for the e2e tests that run one outside the shared deployments:
 `test_contention`, which needs the engines unpinned (their API servers and EngineCores
 floating over both cores, as the launcher's old partial pinning left them), and
-`test_late_registration`, which holds D's API server itself. Each runs before the shared
-deployments start, on these ports, under the session's engines lock. Both also check,
+`test_late_registration`, which holds D's API server itself (and `test_api_key`, whose
+engines need a key). Each runs before the shared deployments start, on these ports, under
+the session's engines lock. All also check,
 with the report's trace completeness, that the stop let every process flush
 (`check_flushed`)."""
 
