@@ -182,7 +182,8 @@ PREFILL_KILL = {
     "traced_errors": 4,
 }
 HANG = {
-    "hang_s": 60.0,
+    "hang_s": 30.0,
+    "hang_times": 2,
     "requests": 144,
     "requests_whole": 144,
     "decode_steps_healthy": 900,
@@ -196,9 +197,11 @@ HANG = {
     "spans_dropped_total": 403,
     "spans_after_recovery": 569,
     "store_full_s": 15.0,
-    "tpot_p50_before_full_ms": 20.5,
-    "tpot_p50_full_ms": 21.1,
-    "tpot_full_ratio": 1.03,
+    "store_full_times": 3,
+    "token_gaps_full": 600,
+    "token_gap_p50_room_ms": 20.5,
+    "token_gap_p50_full_ms": 21.1,
+    "token_gap_full_ratio": 1.03,
     "store_full_dropped_min": 212,
     "store_full_log_lines_max": 2,
     "store_full_counted_in_store": 530,
@@ -279,7 +282,9 @@ def test_the_table_has_every_fault_with_each_modes_figures() -> None:
     assert "200/200 streaming" in slow["push"]
     assert "proxy RSS +10.8 MB, 0.55 of a core" in slow["pull"]
     assert launcher["push"].startswith("unit tests on stand-in servers")
-    assert full["push"].startswith("full for 15 s under load: client TPOT p50 20.50 ms before")
+    assert full["push"].startswith(
+        "full 3 times, 15 s in all under load: client token gap p50 20.50 ms with room"
+    )
     assert "21.10 ms full (x1.03); at least 212 spans dropped per engine" in full["push"]
     assert "at most 2 warning lines per log" in full["push"]
     assert "530 drops recorded in the store; no torn line; 144/144 requests whole" in full["push"]
@@ -295,7 +300,9 @@ def test_the_hang_row_and_what_was_not_run() -> None:
     records = [r for r in sample() if r["params"].get("mode") != "pull"]
     rows = rel.table(records, quick=True)
     hang = next(r for r in rows if r["fault"].startswith("the OTLP"))
-    assert hang["push"].startswith("D's step p50 15.49 ms healthy, 15.21 ms during the 60 s hang")
+    assert hang["push"].startswith(
+        "D's step p50 15.49 ms healthy, 15.21 ms during 2 hangs, 30 s in all (x0.98)"
+    )
     assert (
         "(x0.98); 139-264 spans dropped and counted per engine process (2 processes)"
         in (hang["push"])
