@@ -36,6 +36,7 @@ from tracedpush.testing.processes import alive
 # "stubborn", ignores SIGTERM (as a hung engine would). "handover": the child listens on
 # $FAKE_SIDE_PORT (a NIXL side channel) and the server, once it has reaped the child,
 # tears down 1.5 s more; "stamp" notes when its SIGTERM came. Both note when they exit.
+# "draining" takes 2 s to stop, as a vLLM engine draining through a KV lease.
 FAKE_SERVER = textwrap.dedent(
     """
     import http.server, os, signal, sys, time
@@ -90,6 +91,13 @@ FAKE_SERVER = textwrap.dedent(
             signal.SIGTERM,
             lambda *a: (note("sigterm"), os.kill(child, signal.SIGTERM), os._exit(0)),
         )
+    if mode == "draining":  # like a vLLM engine whose drain waits out a KV lease
+        def drain(*a):
+            time.sleep(2.0)
+            os.kill(child, signal.SIGTERM)
+            os.waitpid(child, 0)
+            os._exit(0)
+        signal.signal(signal.SIGTERM, drain)
     if mode in ("ordered", "leaves_child"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     with open(pidfile, "w") as f:
@@ -179,6 +187,26 @@ def test_the_next_stage_begins_once_the_handover_ports_are_free(fake, handover):
         assert d_signalled >= p_exited
     assert c_signalled >= p_exited  # the collector outlives every engine
     assert not port_in_use(p.ports[1]) and session_members({p.pid, d.pid, c.pid}) == []
+
+
+def test_a_server_with_a_longer_grace_drains_says_why_and_the_rest_is_killed(fake):
+    """A prefill engine may drain past the stop's grace (its KV lease): it keeps its own
+    `stop_grace`, its `slow_stop` is logged once the usual grace has passed, and a server
+    past the usual grace beside it is still killed then, not when the drain ends."""
+    drainer, drainer_pids = fake("prefill", mode="draining", own_tree=True)
+    stubborn, _ = fake("stubborn", mode="stubborn")
+    drainer.stop_grace, drainer.slow_stop = 10.0, "vLLM drains it through its KV lease"
+    wait_healthy([drainer, stubborn], timeout=60, interval=0.1)
+    logs: list[str] = []
+
+    report = stop_all([drainer, stubborn], grace=0.5, log=logs.append)
+
+    assert report.killed == ["stubborn"] and report.clean, report
+    assert 2.0 <= report.seconds < 10.0
+    said = [line for line in logs if line.startswith("prefill still stopping")]
+    assert len(said) == 1 and "vLLM drains it through its KV lease" in said[0], logs
+    assert "killed if it runs 10s" in said[0]
+    assert not any(alive(int(p)) for p in drainer_pids.read_text().split())
 
 
 def test_sigterm_ignoring_tree_is_killed(fake):

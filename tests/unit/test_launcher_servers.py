@@ -140,6 +140,31 @@ def test_max_model_len_capped_by_model(tmp_path: Path):
     assert servers.model_max_len(tmp_path / "nowhere", 4096) == 4096
 
 
+@pytest.mark.parametrize(
+    ("extra", "args", "prefill", "decode"),
+    [
+        ({}, (), 35, 10),  # vLLM's 30 s lease and 5 s
+        ({"kv_lease_duration": 3}, (), 10, 10),  # never under engine_shutdown_timeout
+        ({"kv_lease_duration": 60}, (), 65, 10),
+        ({}, ("--shutdown-timeout=7",), 7, 7),  # the engines' own wins, for both roles
+        ({}, ("--shutdown_timeout", "0"), 0, 0),  # vLLM's parser takes underscores
+        ({}, ("--shutdown-timeout", "soon"), 35, 10),  # not a number: vLLM will say so
+    ],
+)
+def test_a_prefill_engine_drains_through_its_kv_lease(
+    model: Path, tmp_path: Path, extra: dict, args: tuple[str, ...], prefill: int, decode: int
+):
+    """A prefill engine's drain waits for blocks a decode engine may still claim until
+    their lease ends; cut short, it is a kill that loses the final export record."""
+    config = DeploymentConfig(
+        mode="push", model=model, run_dir=tmp_path, kv_extra_config=extra, engine_args=args
+    )
+    assert (config.shutdown_timeout_for("prefill"), config.shutdown_timeout_for("decode")) == (
+        prefill,
+        decode,
+    )
+
+
 def test_engines_drain_and_stop_after_the_proxy_prefill_first(model: Path, tmp_path: Path):
     """vLLM's default --shutdown-timeout 0 kills EngineCore and workers at once, before
     the connectors flush their last spans: engines get one (theirs wins), are signalled
@@ -158,10 +183,13 @@ def test_engines_drain_and_stop_after_the_proxy_prefill_first(model: Path, tmp_p
     )
     procs = {e.name: d.engine_process(e)[0] for e in d.engines}
     assert all(p.stops_own_tree for p in procs.values())
-    assert _arg(procs["prefill"].argv, "--shutdown-timeout") == "10"
+    # a prefill engine drains through vLLM's 30 s KV lease (`shutdown_timeout_for`)
+    assert _arg(procs["prefill"].argv, "--shutdown-timeout") == "35"
+    assert procs["prefill"].stop_grace == 40 and "lease" in procs["prefill"].slow_stop
     decode = procs["decode"].argv
     flags = [i for i, a in enumerate(decode) if a == "--shutdown-timeout"]
-    assert [decode[i + 1] for i in flags] == ["10", "3"]  # argparse: the last one wins
+    assert [decode[i + 1] for i in flags] == ["3", "3"]  # theirs, and argparse's last wins
+    assert procs["decode"].stop_grace == 15  # the stop's own grace
     proxy, collect = d.proxy_process()[0], d.collect_process()[0]
     assert not proxy.stops_own_tree and not collect.stops_own_tree
     d.processes = [collect, *procs.values(), proxy]  # the order they start in

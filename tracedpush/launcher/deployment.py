@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,10 @@ from tracedpush.launcher.processes import (
 from tracedpush.launcher.servers import EngineSpec, Mode
 
 Log = Callable[[str], None]
+
+VLLM_KV_LEASE_S = 30  # vLLM's default kv_lease_duration (its NIXL connectors' schedulers)
+LEASE_MARGIN_S = 5  # a prefill engine's drain beyond its lease: the expiry is seen at a step
+ENGINE_TEARDOWN_S = 5.0  # after its drain, an engine's EngineCore, worker and API server exit
 
 
 def _stderr(msg: str) -> None:
@@ -75,6 +79,7 @@ class DeploymentConfig:
     # vLLM's --shutdown-timeout for every engine (unless its args set one): how long a
     # stopping engine drains requests before vLLM kills its EngineCore. vLLM's default, 0,
     # kills EngineCore and workers at once, before the connectors flush their last spans.
+    # Prefill engines get at least their KV lease and 5 s (`shutdown_timeout_for`).
     engine_shutdown_timeout: int = 10
     engine_args: tuple[str, ...] = ()  # appended to every vLLM command line
     prefill_args: tuple[str, ...] = ()  # then these to prefill engines' (e.g. -tp 2)
@@ -100,6 +105,39 @@ class DeploymentConfig:
         """The extra vLLM arguments of `role`'s engines: every engine's, then the role's."""
         own = self.prefill_args if role == "prefill" else self.decode_args
         return (*self.engine_args, *own)
+
+    def shutdown_timeout_for(self, role: str) -> int:
+        """vLLM's --shutdown-timeout of `role`'s engines: the one their arguments set, else
+        `engine_shutdown_timeout`, and for prefill engines at least their KV lease
+        (`kv_lease_duration`, vLLM's default 30 s) and `LEASE_MARGIN_S`.
+
+        A prefill engine's drain waits for finished requests whose blocks a decode engine
+        may still claim (pinned for a push D that never registered, held for a pull D that
+        never read) until their lease ends. A drain cut short before that is a kill that
+        loses the engine's last spans and final export record; a drain with nothing
+        pinned ends at once, so only a stop within a lease takes longer."""
+        own = _flag_value(self.engine_args_for(role), "--shutdown-timeout")
+        if own is not None:
+            return own
+        if role != "prefill":
+            return self.engine_shutdown_timeout
+        lease = int(self.kv_extra_config.get("kv_lease_duration", VLLM_KV_LEASE_S))
+        return max(self.engine_shutdown_timeout, lease + LEASE_MARGIN_S)
+
+
+def _flag_value(args: Sequence[str], flag: str) -> int | None:
+    """The last value given to an integer `flag` (``--f N``, ``--f=N``, or with
+    underscores, as vLLM's parser accepts) in `args`; None if absent or not an integer."""
+    spellings = {flag, flag.replace("-", "_").replace("__", "--", 1)}
+    found: str | None = None
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in spellings:
+            found = value if eq else (args[i + 1] if i + 1 < len(args) else None)
+    try:
+        return int(found) if found is not None else None
+    except ValueError:
+        return None
 
 
 def _resolve(config: DeploymentConfig, log: Log) -> DeploymentConfig:
@@ -379,6 +417,7 @@ class Deployment:
         nothing with ``TRACEDPUSH_PIN_ENGINE_TREE=0`` (see tracedpush.launcher.affinity).
         """
         c = self.config
+        drain = c.shutdown_timeout_for(e.role)
         argv = servers.engine_argv(
             c.mode,
             e,
@@ -390,7 +429,7 @@ class Deployment:
             self.traces_dir if c.trace and not c.collect else None,
             c.engine_args_for(e.role),
             kv_extra_config=c.kv_extra_config,
-            shutdown_timeout=c.engine_shutdown_timeout,
+            shutdown_timeout=drain,
             kv_buffer_device=c.kv_buffer_device or "cpu",
         )
         env = servers.engine_env(e, platform=c.platform or "cpu")
@@ -410,6 +449,13 @@ class Deployment:
             stops_own_tree=True,
             # D drains once P's side channel refuses (`_stop_order`), not its exit
             handover_ports=(e.side_channel_port,) if e.role == "prefill" else (),
+            stop_grace=max(c.stop_grace, drain + ENGINE_TEARDOWN_S),
+            slow_stop=(
+                f"vLLM drains it for up to {drain}s (--shutdown-timeout), waiting for KV "
+                "blocks a decode engine may still claim until their lease ends"
+                if e.role == "prefill"
+                else f"vLLM drains its requests for up to {drain}s (--shutdown-timeout)"
+            ),
         )
         return proc, env
 

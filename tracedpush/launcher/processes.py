@@ -23,7 +23,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -206,6 +206,11 @@ class ManagedProcess:
     # down (`stop_stages`): an engine's NIXL side channel, closed as its worker exits,
     # which is all a decode engine's drain waits for; () = only its exit does.
     handover_ports: tuple[int, ...] = ()
+    # How long it may take to exit after SIGTERM before it is killed; None: the stop's
+    # `grace`. A longer one comes with `slow_stop`, said once the usual grace has passed:
+    # why this server may take longer (a vLLM engine's drain).
+    stop_grace: float | None = None
+    slow_stop: str = ""
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _env: dict[str, str] = field(default_factory=dict, repr=False)
     _cwd: str | os.PathLike[str] | None = field(default=None, repr=False)
@@ -292,7 +297,16 @@ def wait_healthy(
 
 def session_members(sids: set[int]) -> list[int]:
     """PIDs of live processes whose session id is one of ``sids`` (zombies excluded)."""
-    found = []
+    return [pid for pid, sid in _live_processes() if sid in sids]
+
+
+def live_sessions(sids: set[int]) -> set[int]:
+    """Those of ``sids`` that still have a live member (one pass over /proc)."""
+    return {sid for _, sid in _live_processes() if sid in sids}
+
+
+def _live_processes() -> Iterator[tuple[int, int]]:
+    """(pid, session id) of every live process, zombies excluded."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -303,9 +317,8 @@ def session_members(sids: set[int]) -> list[int]:
             continue
         # Fields after the parenthesised command: state ppid pgrp session ...
         rest = stat.rsplit(")", 1)[-1].split()
-        if len(rest) >= 4 and rest[0] != "Z" and int(rest[3]) in sids:
-            found.append(int(entry.name))
-    return found
+        if len(rest) >= 4 and rest[0] != "Z":
+            yield int(entry.name), int(rest[3])
 
 
 @dataclass
@@ -393,10 +406,13 @@ def stop_all(
     port_timeout: float = 10.0,
     log: Callable[[str], None] | None = None,
 ) -> TeardownReport:
-    """SIGTERM every process group, SIGKILL what is left after ``grace``, reap, verify.
+    """SIGTERM every process group, SIGKILL what is left after ``grace`` (or a process's
+    own `stop_grace`), reap, verify.
 
     Signals go to whole sessions, so vLLM's EngineCore/worker children are included; a
     server that `stops_own_tree` gets its SIGTERM first and its group once it has exited.
+    A server still stopping after ``grace`` with a longer `stop_grace` of its own has its
+    `slow_stop` logged once, so a longer stop says why.
     """
     t0 = time.monotonic()
     started = [p for p in procs if p.popen is not None]
@@ -410,25 +426,40 @@ def stop_all(
                 os.kill(p.pid or 0, signal.SIGTERM)
             else:
                 os.killpg(p.pid or 0, signal.SIGTERM)
-    deadline = time.monotonic() + grace
+    signalled = time.monotonic()
+    graces = {p.name: grace if p.stop_grace is None else p.stop_grace for p in started}
+    deadline = signalled + max(graces.values(), default=grace)
+    slow = {p.name for p in started if p.slow_stop and graces[p.name] > grace}
+    killed: list[str] = []
     while time.monotonic() < deadline:
         for p in started:
             if p.popen and p.popen.poll() is not None and p.name in pending:
                 pending.discard(p.name)
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(p.pid or 0, signal.SIGTERM)
-        if not session_members(sids):
+        running = live_sessions(sids)
+        if not running:
             break
+        waited = time.monotonic() - signalled
+        for p in started:
+            if p.pid not in running:
+                continue
+            if p.name in slow and waited >= grace:
+                slow.discard(p.name)
+                if log:
+                    log(
+                        f"{p.name} still stopping {waited:.0f}s after SIGTERM: {p.slow_stop}; "
+                        f"killed if it runs {graces[p.name]:.0f}s"
+                    )
+            elif p.name not in killed and waited >= graces[p.name]:
+                killed.append(p.name)  # past its own grace while others may still stop
+                _kill(p, graces[p.name], log)
         time.sleep(0.2)
-    killed = []
     for p in started:
-        if not session_members({p.pid or -1}):
+        if p.name in killed or not session_members({p.pid or -1}):
             continue
         killed.append(p.name)
-        if log:
-            log(f"{p.name} still running {grace:.0f}s after SIGTERM: SIGKILL")
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(p.pid or 0, signal.SIGKILL)
+        _kill(p, graces[p.name], log)
     for p in started:
         if p.popen:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -442,3 +473,10 @@ def stop_all(
     ports = [port for p in started for port in p.ports]
     bound = wait_ports_free(ports, timeout=port_timeout)
     return TeardownReport(leftovers, bound, time.monotonic() - t0, killed)
+
+
+def _kill(p: ManagedProcess, grace: float, log: Callable[[str], None] | None) -> None:
+    if log:
+        log(f"{p.name} still running {grace:.0f}s after SIGTERM: SIGKILL")
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid or 0, signal.SIGKILL)
