@@ -36,7 +36,7 @@ from tracedpush.testing.processes import alive
 # "stubborn", ignores SIGTERM (as a hung engine would). "handover": the child listens on
 # $FAKE_SIDE_PORT (a NIXL side channel) and the server, once it has reaped the child,
 # tears down 1.5 s more; "stamp" notes when its SIGTERM came. Both note when they exit.
-# "draining" takes 2 s to stop, as a vLLM engine draining through a KV lease.
+# "draining" takes $FAKE_DRAIN_S (2) s to stop, as a vLLM engine draining through a KV lease.
 FAKE_SERVER = textwrap.dedent(
     """
     import http.server, os, signal, sys, time
@@ -93,7 +93,7 @@ FAKE_SERVER = textwrap.dedent(
         )
     if mode == "draining":  # like a vLLM engine whose drain waits out a KV lease
         def drain(*a):
-            time.sleep(2.0)
+            time.sleep(float(os.environ.get("FAKE_DRAIN_S", "2")))
             os.kill(child, signal.SIGTERM)
             os.waitpid(child, 0)
             os._exit(0)
@@ -207,6 +207,63 @@ def test_a_server_with_a_longer_grace_drains_says_why_and_the_rest_is_killed(fak
     assert len(said) == 1 and "vLLM drains it through its KV lease" in said[0], logs
     assert "killed if it runs 10s" in said[0]
     assert not any(alive(int(p)) for p in drainer_pids.read_text().split())
+
+
+# `tracedpush up`'s stop in a process of its own: Ctrl-C and SIGTERM blocked on the main
+# thread (Deployment.stop), a prefill stand-in that drains for 30 s.
+STOP_DRIVER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    from tracedpush.launcher.deployment import SecondSignal
+    from tracedpush.launcher.processes import ManagedProcess, stop_stages, wait_healthy
+    fake, port, pidfile = sys.argv[1], sys.argv[2], sys.argv[3]
+    p = ManagedProcess(
+        "prefill",
+        [sys.executable, fake, port, pidfile, "draining"],
+        Path(pidfile + ".log"),
+        ports=(int(port),),
+        health_url=f"http://127.0.0.1:{port}/health",
+        stops_own_tree=True,
+        stop_grace=40.0,
+        slow_stop="vLLM drains it",
+    )
+    p.start({**os.environ, "FAKE_DRAIN_S": "30"})
+    wait_healthy([p], timeout=60.0, interval=0.1)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # as stop() does
+    report = stop_stages([[p]], grace=0.5, log=print, interrupted=SecondSignal())
+    print(f"done killed={report.killed} clean={report.clean} seconds={report.seconds:.1f}")
+    """
+)
+
+
+def test_a_second_ctrl_c_ends_a_drain_at_once(tmp_path: Path):
+    """A prefill engine's drain may wait out a 30 s KV lease; a second Ctrl-C (or
+    SIGTERM) while the stop holds them off kills it then, and nothing is left."""
+    fake, driver = tmp_path / "fake_server.py", tmp_path / "driver.py"
+    fake.write_text(FAKE_SERVER)
+    driver.write_text(STOP_DRIVER)
+    port, pidfile = free_port(), tmp_path / "prefill.pids"
+    proc = subprocess.Popen(
+        [sys.executable, str(driver), str(fake), str(port), str(pidfile)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    signalled = None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if "or now on a second Ctrl-C" in line:  # the slow stop said so after 0.5 s
+            proc.send_signal(signal.SIGINT)
+            signalled = time.monotonic()
+        if line.startswith("done"):
+            break
+    assert proc.wait(timeout=30) == 0, lines
+    assert signalled is not None and time.monotonic() - signalled < 5.0, lines  # not 30 s
+    assert lines[-1].startswith("done killed=['prefill'] clean=True"), lines
+    assert any("not waiting for the rest of its stop (interrupted)" in x for x in lines)
+    assert not any(alive(int(p)) for p in pidfile.read_text().split())
 
 
 def test_sigterm_ignoring_tree_is_killed(fake):

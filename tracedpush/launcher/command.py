@@ -18,7 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "pinned (its whole process tree) to its own CPU core, with its own NIXL "
         "side-channel port, then the "
         "tracedpush proxy in front of them. Runs until Ctrl-C or SIGTERM, then stops "
-        "every process it started and checks that no port stays bound."
+        "every process it started and checks that no port stays bound. A prefill engine "
+        "may take up to its KV lease (30 s) to drain, so that it flushes its last spans; "
+        "a second Ctrl-C ends that wait."
     )
     parser.epilog = (
         "Example: tracedpush up --mode push, then point any OpenAI client at "

@@ -585,7 +585,12 @@ class Deployment:
                 self.log(
                     "stopping " + ", then ".join(", ".join(p.name for p in s) for s in stages if s)
                 )
-            report = stop_stages(stages, grace=self.config.stop_grace, log=self.log)
+            report = stop_stages(
+                stages,
+                grace=self.config.stop_grace,
+                log=self.log,
+                interrupted=SecondSignal() if blocked else None,
+            )
             self.processes = []
             self.teardown = report
             if self.engine_tmp is not None and report.clean:  # else in use: a later sweep
@@ -635,6 +640,23 @@ def _block_signals() -> bool:
         return False
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     return True
+
+
+class SecondSignal:
+    """Whether a Ctrl-C or SIGTERM came while `_block_signals` holds them off (taken, so
+    it is not raised once they are let through again); then always true.
+
+    A stop then skips the longest waits, a prefill engine's drain through its KV lease
+    (`stop_all`'s `interrupted`). Any thread can ask: a signal sent to the process stays
+    pending while every thread blocks it, and the stop's threads start blocking it."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def __call__(self) -> bool:
+        if not self.seen:
+            self.seen = signal.sigtimedwait({signal.SIGINT, signal.SIGTERM}, 0) is not None
+        return self.seen
 
 
 def _unblock_signals(blocked: bool) -> None:

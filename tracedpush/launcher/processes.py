@@ -340,6 +340,7 @@ def stop_stages(
     grace: float = 15.0,
     port_timeout: float = 10.0,
     log: Callable[[str], None] | None = None,
+    interrupted: Callable[[], bool] | None = None,
 ) -> TeardownReport:
     """`stop_all` on each stage in turn (e.g. the proxy, then the engines it sends to,
     then the collector they export to); one report for all.
@@ -347,7 +348,8 @@ def stop_stages(
     A stage begins once every earlier one has exited, except that the one just before
     may instead have freed its `handover_ports` (when each of its processes names some):
     the rest of its teardown (vLLM's EngineCore and API server after its worker, 2-4 s
-    here) then overlaps this stage's. Each stage is stopped on a thread of its own."""
+    here) then overlaps this stage's. Each stage is stopped on a thread of its own.
+    `interrupted`: as for `stop_all`."""
     t0 = time.monotonic()
     stops: list[tuple[_StageStop, list[int]]] = []
     for stage in stages:
@@ -362,7 +364,7 @@ def stop_stages(
                     break
         ports = [port for p in stage for port in p.handover_ports]
         handover = ports if all(p.handover_ports for p in stage) else []
-        stop = _StageStop(functools.partial(stop_all, stage, grace, port_timeout, log))
+        stop = _StageStop(functools.partial(stop_all, stage, grace, port_timeout, log, interrupted))
         stops.append((stop, handover))
     reports = [stop.report() for stop, _ in stops]
     return TeardownReport(
@@ -405,6 +407,7 @@ def stop_all(
     grace: float = 15.0,
     port_timeout: float = 10.0,
     log: Callable[[str], None] | None = None,
+    interrupted: Callable[[], bool] | None = None,
 ) -> TeardownReport:
     """SIGTERM every process group, SIGKILL what is left after ``grace`` (or a process's
     own `stop_grace`), reap, verify.
@@ -412,7 +415,8 @@ def stop_all(
     Signals go to whole sessions, so vLLM's EngineCore/worker children are included; a
     server that `stops_own_tree` gets its SIGTERM first and its group once it has exited.
     A server still stopping after ``grace`` with a longer `stop_grace` of its own has its
-    `slow_stop` logged once, so a longer stop says why.
+    `slow_stop` logged once, so a longer stop says why; if `interrupted` (asked only
+    while such a server runs: a second Ctrl-C) turns true, it is killed at once.
     """
     t0 = time.monotonic()
     started = [p for p in procs if p.popen is not None]
@@ -441,17 +445,26 @@ def stop_all(
         if not running:
             break
         waited = time.monotonic() - signalled
+        long = [p for p in started if p.pid in running and graces[p.name] > grace]
+        if long and interrupted is not None and interrupted():
+            for p in long:
+                if p.name not in killed:
+                    killed.append(p.name)
+                    if log:
+                        log(f"{p.name}: not waiting for the rest of its stop (interrupted)")
+                    _kill(p, waited, log)
         for p in started:
-            if p.pid not in running:
+            if p.pid not in running or p.name in killed:
                 continue
             if p.name in slow and waited >= grace:
                 slow.discard(p.name)
                 if log:
+                    hurry = ", or now on a second Ctrl-C" if interrupted is not None else ""
                     log(
                         f"{p.name} still stopping {waited:.0f}s after SIGTERM: {p.slow_stop}; "
-                        f"killed if it runs {graces[p.name]:.0f}s"
+                        f"killed if it runs {graces[p.name]:.0f}s{hurry}"
                     )
-            elif p.name not in killed and waited >= graces[p.name]:
+            elif waited >= graces[p.name]:
                 killed.append(p.name)  # past its own grace while others may still stop
                 _kill(p, graces[p.name], log)
         time.sleep(0.2)
