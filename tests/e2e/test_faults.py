@@ -550,14 +550,10 @@ class SmallStore:
                         f.flush()
                 except OSError:
                     pass  # ENOSPC: full
-                start = time.time_ns()
-                time.sleep(seconds)
-                full.append((start, time.time_ns()))
+                full.append(_window(seconds))
                 os.ftruncate(f.fileno(), max(0, f.tell() - (FREE_MB << 20)))
                 f.seek(0, os.SEEK_END)
-                start = time.time_ns()
-                time.sleep(seconds)
-                free.append((start, time.time_ns()))
+                free.append(_window(seconds))
         filler.unlink()
         return full, free
 

@@ -14,12 +14,13 @@ records a TeardownReport (leftover processes, ports still bound) in ``.teardown`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -116,28 +117,15 @@ class DeploymentConfig:
         never read) until their lease ends. A drain cut short before that is a kill that
         loses the engine's last spans and final export record; a drain with nothing
         pinned ends at once, so only a stop within a lease takes longer."""
-        own = _flag_value(self.engine_args_for(role), "--shutdown-timeout")
-        if own is not None:
-            return own
+        args = self.engine_args_for(role)
+        own = [v for f, v, _ in servers.vllm_flags(args) if f == servers.SHUTDOWN_TIMEOUT_FLAG]
+        if own and own[-1] is not None:
+            with contextlib.suppress(ValueError):  # not a number: vLLM will say so
+                return int(own[-1])
         if role != "prefill":
             return self.engine_shutdown_timeout
         lease = int(self.kv_extra_config.get("kv_lease_duration", VLLM_KV_LEASE_S))
         return max(self.engine_shutdown_timeout, lease + LEASE_MARGIN_S)
-
-
-def _flag_value(args: Sequence[str], flag: str) -> int | None:
-    """The last value given to an integer `flag` (``--f N``, ``--f=N``, or with
-    underscores, as vLLM's parser accepts) in `args`; None if absent or not an integer."""
-    spellings = {flag, flag.replace("-", "_").replace("__", "--", 1)}
-    found: str | None = None
-    for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        if name in spellings:
-            found = value if eq else (args[i + 1] if i + 1 < len(args) else None)
-    try:
-        return int(found) if found is not None else None
-    except ValueError:
-        return None
 
 
 def _resolve(config: DeploymentConfig, log: Log) -> DeploymentConfig:

@@ -468,8 +468,9 @@ def stop_all(
                 killed.append(p.name)  # past its own grace while others may still stop
                 _kill(p, graces[p.name], log)
         time.sleep(0.2)
+    running = live_sessions(sids)
     for p in started:
-        if p.name in killed or not session_members({p.pid or -1}):
+        if p.name in killed or p.pid not in running:
             continue
         killed.append(p.name)
         _kill(p, graces[p.name], log)

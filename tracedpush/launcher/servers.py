@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -103,6 +103,7 @@ def kv_transfer_config(
 
 
 RECEIPT_MIDDLEWARE = "tracedpush.connector.http.ReceiptMiddleware"
+SHUTDOWN_TIMEOUT_FLAG = "--shutdown-timeout"  # how long vLLM drains a stopping engine
 
 
 def engine_argv(
@@ -146,7 +147,7 @@ def engine_argv(
         *(("--middleware", RECEIPT_MIDDLEWARE) if trace else ()),
         # a stop then drains and tears down in order (launcher.deployment); the engine's
         # own arguments come after, so one of theirs wins
-        *(("--shutdown-timeout", str(shutdown_timeout)) if shutdown_timeout else ()),
+        *((SHUTDOWN_TIMEOUT_FLAG, str(shutdown_timeout)) if shutdown_timeout else ()),
         *extra_args,
     ]
 
@@ -219,6 +220,19 @@ _PARALLEL_FLAGS = {
 }
 
 
+def vllm_flags(args: Sequence[str]) -> Iterator[tuple[str, str | None, str]]:
+    """``(flag, value, argument)`` for each of an engine's extra vLLM arguments, read as
+    vLLM's parser reads them: ``--flag N`` or ``--flag=N``, underscores in a long flag's
+    name as dashes. ``value`` is None for a flag that ends the list. Every argument is
+    yielded (a value too, as a flag nobody asks for); the last of a flag wins in vLLM."""
+    args = list(args)
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag.startswith("--"):
+            flag = flag.replace("_", "-")
+        yield flag, (value if eq else args[i + 1] if i + 1 < len(args) else None), arg
+
+
 def parallel_sizes(args: Sequence[str]) -> tuple[int, int]:
     """(tensor, pipeline) parallel sizes an engine's extra vLLM arguments ask for.
 
@@ -227,18 +241,12 @@ def parallel_sizes(args: Sequence[str]) -> tuple[int, int]:
     last one wins, as in vLLM's parser. ValueError for a value that is not an integer >= 1.
     """
     sizes = [1, 1]
-    args = list(args)
-    for i, arg in enumerate(args):
-        flag, eq, value = arg.partition("=")
-        if flag.startswith("--"):
-            flag = flag.replace("_", "-")
+    for flag, value, arg in vllm_flags(args):
         which = _PARALLEL_FLAGS.get(flag)
         if which is None:
             continue
-        if not eq:
-            if i + 1 >= len(args):
-                raise ValueError(f"vLLM argument {arg} needs a value")
-            value = args[i + 1]
+        if value is None:
+            raise ValueError(f"vLLM argument {arg} needs a value")
         if not value.isdigit() or int(value) < 1:
             raise ValueError(f"vLLM argument {flag}: expected an integer >= 1, got {value!r}")
         sizes[which] = int(value)
