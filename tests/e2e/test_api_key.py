@@ -1,6 +1,8 @@
-"""Engines that need an API key (vLLM's ``--api-key``, here from ``VLLM_API_KEY``).
+"""Engines that need an API key (vLLM's ``--api-key``, given in their arguments).
 
-Real engines check it on every /v1 route. The proxy's own calls must send it: the model
+Real engines check it on every /v1 route. P here accepts two keys and D one of them; the
+launcher gives the proxy the one both accept (in its environment, ``VLLM_API_KEY``), and
+no log holds a key. The proxy's own calls must send it: the model
 catalog it learns as it starts (else the first request waits for a lookup, with the
 client's key) and, with ``--kv-discovery probe``, the 1-token prefill that asks P for
 its NIXL coordinates (else push learns them only from P's first answer). A client's key
@@ -25,7 +27,6 @@ import json
 import time
 import urllib.error
 import urllib.request
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,7 @@ from tracedpush.launcher import Deployment
 from tracedpush.testing.unpinned import check_flushed, push_config
 
 KEY = "tp-e2e-key"
+P_ONLY_KEY = "tp-e2e-prefill-only"  # P's first key: a proxy that sent it would get D's 401
 LEASE_S = 20  # P's kv_lease_duration (vLLM's default is 30 s), over the old 10 s drain
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -63,8 +65,10 @@ def test_the_proxy_sends_the_engines_key_and_clients_keys_pass_through(
         tmp_path,
         proxy_args=("--kv-discovery", "probe"),
         kv_extra_config={"kv_lease_duration": LEASE_S},
+        prefill_args=("--api-key", P_ONLY_KEY, KEY),
+        decode_args=("--api-key", KEY),
     )
-    config = replace(config, env={**config.env, "VLLM_API_KEY": KEY})
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
     prompts = PromptMaker(config.model, seed=3).mix([128, 512], 3)
     with Deployment(config) as d:
         ready = time.monotonic()  # the probe went out as the proxy started
@@ -78,7 +82,10 @@ def test_the_proxy_sends_the_engines_key_and_clients_keys_pass_through(
     assert stopped_at < ready + LEASE_S - 10, "the stop came too late to test the drain"
     assert d.teardown is not None and d.teardown.killed == [], d.teardown
     assert all(r.ok for r in results), [r.to_dict() for r in results if not r.ok]
-    proxy_log = (config.run_dir / "proxy.log").read_text()
+    logs = {p.name: p.read_text(errors="replace") for p in config.run_dir.glob("*.log")}
+    leaks = [n for n, text in logs.items() if KEY in text or P_ONLY_KEY in text]
+    assert "prefill.log" in logs and not leaks, (leaks, logs.keys())
+    proxy_log = logs["proxy.log"]
     assert "coordinates from its probe" in proxy_log, proxy_log[-2000:]
     store = TraceStore.from_path(config.traces_dir)
     run = analyze(store, spans=False)

@@ -210,42 +210,50 @@ def test_a_server_with_a_longer_grace_drains_says_why_and_the_rest_is_killed(fak
 
 
 # `tracedpush up`'s stop in a process of its own: Ctrl-C and SIGTERM blocked on the main
-# thread (Deployment.stop), a prefill stand-in that drains for 30 s.
+# thread (Deployment.stop), one stage per stand-in, each draining for 30 s. argv: the fake
+# server, the stop's grace, then name,port,pidfile,own stop_grace ("" for none) a stage.
 STOP_DRIVER = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
     from tracedpush.launcher.deployment import SecondSignal
     from tracedpush.launcher.processes import ManagedProcess, stop_stages, wait_healthy
-    fake, port, pidfile = sys.argv[1], sys.argv[2], sys.argv[3]
-    p = ManagedProcess(
-        "prefill",
-        [sys.executable, fake, port, pidfile, "draining"],
-        Path(pidfile + ".log"),
-        ports=(int(port),),
-        health_url=f"http://127.0.0.1:{port}/health",
-        stops_own_tree=True,
-        stop_grace=40.0,
-        slow_stop="vLLM drains it",
-    )
-    p.start({**os.environ, "FAKE_DRAIN_S": "30"})
-    wait_healthy([p], timeout=60.0, interval=0.1)
+    fake, grace = sys.argv[1], float(sys.argv[2])
+    stages = []
+    for spec in sys.argv[3:]:
+        name, port, pidfile, own = spec.split(",")
+        p = ManagedProcess(
+            name,
+            [sys.executable, fake, port, pidfile, "draining"],
+            Path(pidfile + ".log"),
+            ports=(int(port),),
+            health_url=f"http://127.0.0.1:{port}/health",
+            stops_own_tree=True,
+            stop_grace=float(own) if own else None,
+            slow_stop="vLLM drains it" if own else "",
+        )
+        p.start({**os.environ, "FAKE_DRAIN_S": "30"})
+        stages.append([p])
+    wait_healthy([p for stage in stages for p in stage], timeout=60.0, interval=0.1)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # as stop() does
-    report = stop_stages([[p]], grace=0.5, log=print, interrupted=SecondSignal())
+    report = stop_stages(stages, grace=grace, log=print, interrupted=SecondSignal())
     print(f"done killed={report.killed} clean={report.clean} seconds={report.seconds:.1f}")
     """
 )
 
 
-def test_a_second_ctrl_c_ends_a_drain_at_once(tmp_path: Path):
-    """A prefill engine's drain may wait out a 30 s KV lease; a second Ctrl-C (or
-    SIGTERM) while the stop holds them off kills it then, and nothing is left."""
+def _stop_with_a_second_ctrl_c(
+    tmp_path: Path, grace: float, servers: dict[str, str], cue: str
+) -> tuple[list[str], float, list[Path]]:
+    """`STOP_DRIVER` on `servers` (name: own stop_grace), a SIGINT on the first line
+    with `cue`: the lines it printed, seconds from the SIGINT to its end, the pid files."""
     fake, driver = tmp_path / "fake_server.py", tmp_path / "driver.py"
     fake.write_text(FAKE_SERVER)
     driver.write_text(STOP_DRIVER)
-    port, pidfile = free_port(), tmp_path / "prefill.pids"
+    pidfiles = [tmp_path / f"{name}.pids" for name in servers]
+    specs = [f"{n},{free_port()},{tmp_path / n}.pids,{own}" for n, own in servers.items()]
     proc = subprocess.Popen(
-        [sys.executable, str(driver), str(fake), str(port), str(pidfile)],
+        [sys.executable, str(driver), str(fake), str(grace), *specs],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -254,16 +262,44 @@ def test_a_second_ctrl_c_ends_a_drain_at_once(tmp_path: Path):
     assert proc.stdout is not None
     for line in proc.stdout:
         lines.append(line)
-        if "or now on a second Ctrl-C" in line:  # the slow stop said so after 0.5 s
+        if signalled is None and cue in line:
             proc.send_signal(signal.SIGINT)
             signalled = time.monotonic()
         if line.startswith("done"):
             break
     assert proc.wait(timeout=30) == 0, lines
-    assert signalled is not None and time.monotonic() - signalled < 5.0, lines  # not 30 s
-    assert lines[-1].startswith("done killed=['prefill'] clean=True"), lines
-    assert any("not waiting for the rest of its stop (interrupted)" in x for x in lines)
-    assert not any(alive(int(p)) for p in pidfile.read_text().split())
+    assert signalled is not None, lines
+    return lines, time.monotonic() - signalled, pidfiles
+
+
+def test_a_second_ctrl_c_ends_a_drain_and_the_rest_of_the_stop_at_once(tmp_path: Path):
+    """A prefill engine's drain may wait out a 30 s KV lease; a second Ctrl-C (or
+    SIGTERM) while the stop holds them off kills it then, and the later stages at once
+    (a decode engine's drain too), each saying its last records are lost; nothing is
+    left."""
+    lines, after, pidfiles = _stop_with_a_second_ctrl_c(
+        tmp_path, 0.5, {"prefill": "40", "decode": ""}, "or now on a second Ctrl-C"
+    )  # the slow stop said so after the usual 0.5 s
+    assert after < 5.0, lines  # not 30 s, nor 30 s more for decode
+    assert lines[-1].startswith("done killed=['prefill', 'decode'] clean=True"), lines
+    for name in ("prefill", "decode"):
+        said = [x for x in lines if x.startswith(f"{name}: killed on a second Ctrl-C")]
+        assert len(said) == 1 and "is lost" in said[0], lines
+    assert not any(alive(int(p)) for f in pidfiles for p in f.read_text().split())
+
+
+def test_a_long_stop_says_a_second_ctrl_c_would_end_it(tmp_path: Path):
+    """Any server still stopping after `HINT_AFTER_S` (a decode engine's 10 s drain)
+    makes the stop say once what it waits for and what a second Ctrl-C costs; one
+    then kills it."""
+    lines, after, pidfiles = _stop_with_a_second_ctrl_c(
+        tmp_path, 40.0, {"decode": ""}, "Ctrl-C again to kill now"
+    )
+    hint = [x for x in lines if "Ctrl-C again" in x]
+    assert len(hint) == 1 and hint[0].startswith("still stopping 5s after SIGTERM: decode;")
+    assert after < 5.0, lines
+    assert lines[-1].startswith("done killed=['decode'] clean=True"), lines
+    assert not any(alive(int(p)) for f in pidfiles for p in f.read_text().split())
 
 
 def test_sigterm_ignoring_tree_is_killed(fake):

@@ -4,12 +4,15 @@ port layout, and the refusal to start on a busy port."""
 from __future__ import annotations
 
 import json
+import os
 import socket
+import sys
 from pathlib import Path
 
 import pytest
 
 from tracedpush.launcher import Deployment, DeploymentConfig, LaunchError, servers
+from tracedpush.launcher.processes import ManagedProcess
 
 
 def _arg(argv: list[str], flag: str) -> str:
@@ -199,3 +202,60 @@ def test_engines_drain_and_stop_after_the_proxy_prefill_first(model: Path, tmp_p
         ["decode"],
         [collect.name],
     ]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "keys"),
+    [
+        ((), {}, []),
+        ((), {"VLLM_API_KEY": "e"}, ["e"]),
+        (("--api-key", "a"), {"VLLM_API_KEY": "e"}, ["a"]),  # the flag wins, as in vLLM
+        (("--api-key", "a", "b", "--port", "1"), {}, ["a", "b"]),  # it takes one or more
+        (("--api_key=a",), {}, ["a"]),
+        (("--api-key", "a", "--api-key", "b"), {}, ["b"]),  # the last flag wins
+        (("--api-key", ""), {"VLLM_API_KEY": ""}, []),  # empty keys are no keys
+    ],
+)
+def test_the_api_keys_an_engine_accepts(args: tuple[str, ...], env: dict, keys: list[str]):
+    assert servers.api_keys(args, env) == keys
+
+
+def test_secret_flag_values_are_redacted_for_logs():
+    argv = ["vllm", "--api-key", "a", "b", "--port", "1", "--hf_token=t", "--model", "m"]
+    assert servers.redacted(argv) == [
+        "vllm", "--api-key", "***", "***", "--port", "1", "--hf_token=***", "--model", "m"
+    ]  # fmt: skip
+
+
+def test_the_proxy_gets_a_key_both_roles_accept(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Engines given --api-key in their arguments refuse the proxy's own calls (the model
+    catalog, the coordinate probe) without it: the proxy gets one every engine accepts,
+    in its environment, never in a command line or a log."""
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+
+    def proxy(**args: object) -> Deployment:
+        config = DeploymentConfig(mode="push", model=model, run_dir=tmp_path, **args)  # type: ignore[arg-type]
+        return Deployment(config, log=None, lock=False)
+
+    d = proxy(prefill_args=("--api-key", "p", "both"), decode_args=("--api-key", "both", "d"))
+    proc, env = d.proxy_process()
+    assert env["VLLM_API_KEY"] == "both" and "both" not in proc.argv
+    assert proxy(engine_args=("--api-key=k",)).proxy_process()[1]["VLLM_API_KEY"] == "k"
+    assert "VLLM_API_KEY" not in proxy().proxy_process()[1]
+    # one role needs none: the other's key (D ignores a key it does not need)
+    assert proxy(decode_args=("--api-key", "d")).proxy_process()[1]["VLLM_API_KEY"] == "d"
+    env_key = proxy(env={"VLLM_API_KEY": "e"}, decode_args=("--api-key", "d", "e"))
+    assert env_key.proxy_process()[1]["VLLM_API_KEY"] == "e"
+    with pytest.raises(ValueError, match="no API key in common") as err:
+        proxy(prefill_args=("--api-key", "p"), decode_args=("--api-key", "d"))
+    assert "'p'" not in str(err.value) and "'d'" not in str(err.value)  # no secret shown
+    # a process's log begins with its command line, secrets redacted
+    proc = ManagedProcess(
+        "x", [sys.executable, "-c", "pass", "--api-key", "s1", "s2"], tmp_path / "x.log"
+    )
+    proc.start(os.environ, cwd=tmp_path)
+    proc.popen.wait(timeout=30)  # type: ignore[union-attr]
+    head = proc.log_path.read_text().splitlines()[0]
+    assert head.endswith("-c pass --api-key *** ***"), head

@@ -20,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "tracedpush proxy in front of them. Runs until Ctrl-C or SIGTERM, then stops "
         "every process it started and checks that no port stays bound. A prefill engine "
         "may take up to its KV lease (30 s) to drain, so that it flushes its last spans; "
-        "a second Ctrl-C ends that wait."
+        "a second Ctrl-C kills whatever is still stopping, and loses what it had not "
+        "flushed."
     )
     parser.epilog = (
         "Example: tracedpush up --mode push, then point any OpenAI client at "
@@ -165,7 +166,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ARG",
         help="extra argument for every vLLM command line, in vLLM's own spelling (repeat; "
         "write --engine-arg=--flag=value, e.g. --engine-arg=--gpu-memory-utilization=0.85); "
-        "later ones win over the launcher's (e.g. --engine-arg=--no-enforce-eager)",
+        "later ones win over the launcher's (e.g. --engine-arg=--no-enforce-eager). With "
+        "--engine-arg=--api-key=KEY the proxy gets the key in its environment (VLLM_API_KEY) "
+        "and logs show it as ***",
     )
     engines.add_argument(
         "--prefill-arg",

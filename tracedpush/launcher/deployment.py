@@ -127,6 +127,30 @@ class DeploymentConfig:
         lease = int(self.kv_extra_config.get("kv_lease_duration", VLLM_KV_LEASE_S))
         return max(self.engine_shutdown_timeout, lease + LEASE_MARGIN_S)
 
+    def proxy_api_key(self) -> str | None:
+        """The key the proxy's own calls send (its `servers.API_KEY_ENV`): the first one
+        that every role's engines accept (`servers.api_keys`: their ``--api-key``, else
+        their environment's); None when no engine needs one.
+
+        ValueError when the prefill and decode engines share no key: the proxy's calls,
+        and each client's key (passed on to both legs), would be refused by one role."""
+        env = {**os.environ, **self.env}
+        needed = [
+            keys
+            for keys in (servers.api_keys(self.engine_args_for(r), env) for r in servers.ROLES)
+            if keys
+        ]
+        if not needed:
+            return None
+        common = [k for k in needed[0] if all(k in keys for keys in needed[1:])]
+        if not common:
+            raise ValueError(
+                "the prefill and decode engines accept no API key in common (their "
+                f"{servers.API_KEY_FLAG}, else {servers.API_KEY_ENV}): a client's key goes "
+                "to both, so one of them would refuse every request"
+            )
+        return common[0]
+
 
 def _resolve(config: DeploymentConfig, log: Log) -> DeploymentConfig:
     if config.mode not in ("push", "pull"):
@@ -159,8 +183,9 @@ def _resolve(config: DeploymentConfig, log: Log) -> DeploymentConfig:
             raise ValueError(
                 f"{len(gpus)} --{role}-gpus for {count} {role} engine(s): give one per engine"
             )
-    for role in ("prefill", "decode"):
+    for role in servers.ROLES:
         servers.parallel_sizes(config.engine_args_for(role))  # ValueError names the flag
+    config.proxy_api_key()  # ValueError when the roles share no key
     return replace(
         config,
         platform=platform,
@@ -467,7 +492,9 @@ class Deployment:
             ports=(c.proxy_port,),
             health_url=f"{self.proxy_url}/health",
         )
-        return proxy, {**servers.common_env(), **self._otlp_env(), **c.env}
+        key = c.proxy_api_key()  # the engines' key, even when only their flags give it
+        auth = {servers.API_KEY_ENV: key} if key else {}
+        return proxy, {**servers.common_env(), **self._otlp_env(), **c.env, **auth}
 
     def _otlp_env(self) -> dict[str, str]:
         """With collect: engines and proxy export OTLP to it and write no trace files."""
@@ -556,7 +583,7 @@ class Deployment:
         4. the collector, which the engines export their last spans to, once all have
            exited.
         """
-        by_role = [{e.name for e in self.engines if e.role == r} for r in ("prefill", "decode")]
+        by_role = [{e.name for e in self.engines if e.role == r} for r in servers.ROLES]
         engines = set().union(*by_role)
         collect = [p for p in self.processes if p.name == servers.COLLECT_SERVICE_NAME]
         rest = [p for p in self.processes if p.name not in engines and p not in collect]

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from tracedpush.launcher.servers import redacted
 from tracedpush.parent_death import end_with_parent
 
 DEFAULT_LOCK_PATH = "/tmp/tracedpush-engines.lock"
@@ -90,6 +91,9 @@ def wait_ports_free(ports: Iterable[int], timeout: float = 10.0) -> list[int]:
 
 
 HELD_BY_ENV = "TRACEDPUSH_ENGINES_LOCK_HELD_BY"
+# a stage of a stop still running this long says that a second Ctrl-C would kill it
+# (`stop_all`): a vLLM engine's drain and teardown take 5-10 s here
+HINT_AFTER_S = 5.0
 
 
 def _held_by_parent() -> bool:
@@ -226,7 +230,7 @@ class ManagedProcess:
         self._env, self._cwd = dict(env), cwd
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            log.write(f"# {time.strftime('%F %T')} {' '.join(self.argv)}\n".encode())
+            log.write(f"# {time.strftime('%F %T')} {' '.join(redacted(self.argv))}\n".encode())
             log.flush()
             self.popen = subprocess.Popen(
                 self.argv,
@@ -349,8 +353,9 @@ def stop_stages(
     may instead have freed its `handover_ports` (when each of its processes names some):
     the rest of its teardown (vLLM's EngineCore and API server after its worker, 2-4 s
     here) then overlaps this stage's. Each stage is stopped on a thread of its own.
-    `interrupted`: as for `stop_all`."""
+    `interrupted`: as for `stop_all`, whose hint of it is said once for all stages."""
     t0 = time.monotonic()
+    hinted = threading.Event()
     stops: list[tuple[_StageStop, list[int]]] = []
     for stage in stages:
         if not stage:
@@ -364,7 +369,9 @@ def stop_stages(
                     break
         ports = [port for p in stage for port in p.handover_ports]
         handover = ports if all(p.handover_ports for p in stage) else []
-        stop = _StageStop(functools.partial(stop_all, stage, grace, port_timeout, log, interrupted))
+        stop = _StageStop(
+            functools.partial(stop_all, stage, grace, port_timeout, log, interrupted, hinted)
+        )
         stops.append((stop, handover))
     reports = [stop.report() for stop, _ in stops]
     return TeardownReport(
@@ -408,6 +415,7 @@ def stop_all(
     port_timeout: float = 10.0,
     log: Callable[[str], None] | None = None,
     interrupted: Callable[[], bool] | None = None,
+    hinted: threading.Event | None = None,
 ) -> TeardownReport:
     """SIGTERM every process group, SIGKILL what is left after ``grace`` (or a process's
     own `stop_grace`), reap, verify.
@@ -415,8 +423,11 @@ def stop_all(
     Signals go to whole sessions, so vLLM's EngineCore/worker children are included; a
     server that `stops_own_tree` gets its SIGTERM first and its group once it has exited.
     A server still stopping after ``grace`` with a longer `stop_grace` of its own has its
-    `slow_stop` logged once, so a longer stop says why; if `interrupted` (asked only
-    while such a server runs: a second Ctrl-C) turns true, it is killed at once.
+    `slow_stop` logged once, so a longer stop says why. With `interrupted` (a second
+    Ctrl-C), a stop still running after `HINT_AFTER_S` says what it waits for and that
+    a second Ctrl-C kills it; once `interrupted` turns true, every server still stopping
+    is killed at once, each with a line saying what it had not flushed is lost.
+    `hinted`: set once that was said (`stop_stages` says it once for all stages).
     """
     t0 = time.monotonic()
     started = [p for p in procs if p.popen is not None]
@@ -435,6 +446,7 @@ def stop_all(
     deadline = signalled + max(graces.values(), default=grace)
     slow = {p.name for p in started if p.slow_stop and graces[p.name] > grace}
     killed: list[str] = []
+    hinted = hinted or threading.Event()
     while time.monotonic() < deadline:
         for p in started:
             if p.popen and p.popen.poll() is not None and p.name in pending:
@@ -445,14 +457,24 @@ def stop_all(
         if not running:
             break
         waited = time.monotonic() - signalled
-        long = [p for p in started if p.pid in running and graces[p.name] > grace]
-        if long and interrupted is not None and interrupted():
-            for p in long:
-                if p.name not in killed:
-                    killed.append(p.name)
-                    if log:
-                        log(f"{p.name}: not waiting for the rest of its stop (interrupted)")
-                    _kill(p, waited, log)
+        stopping = [p for p in started if p.pid in running and p.name not in killed]
+        if stopping and interrupted is not None and interrupted():
+            for p in stopping:
+                killed.append(p.name)
+                if log:
+                    log(
+                        f"{p.name}: killed on a second Ctrl-C, {waited:.0f}s into its stop; "
+                        "what it had not flushed (its last spans and records) is lost"
+                    )
+                _kill(p, waited, None)
+            stopping = []
+        if interrupted and log and stopping and waited >= HINT_AFTER_S and not hinted.is_set():
+            hinted.set()
+            log(
+                f"still stopping {waited:.0f}s after SIGTERM: "
+                f"{', '.join(p.name for p in stopping)}; Ctrl-C again to kill now, losing "
+                "what they have not flushed"
+            )
         for p in started:
             if p.pid not in running or p.name in killed:
                 continue

@@ -7,10 +7,11 @@ machines (docs/launcher.md explains each).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +20,7 @@ from tracedpush import semconv
 
 Mode = Literal["push", "pull"]
 Role = Literal["prefill", "decode"]
+ROLES: tuple[Role, ...] = ("prefill", "decode")
 
 # vLLM's own connector class names; ours in tracedpush.connector carry the same names.
 CONNECTOR_CLASS: dict[str, str] = {"push": "NixlPushConnector", "pull": "NixlConnector"}
@@ -231,6 +233,50 @@ def vllm_flags(args: Sequence[str]) -> Iterator[tuple[str, str | None, str]]:
         if flag.startswith("--"):
             flag = flag.replace("_", "-")
         yield flag, (value if eq else args[i + 1] if i + 1 < len(args) else None), arg
+
+
+API_KEY_FLAG = "--api-key"  # vLLM's: one or more keys, the last flag's win
+API_KEY_ENV = "VLLM_API_KEY"  # what vLLM's server reads when no --api-key is given
+# flags whose values vLLM's own logs redact (`redact_sensitive_args`): ours do too
+SECRET_FLAGS = frozenset({API_KEY_FLAG, "--hf-token"})
+
+
+def api_keys(args: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """The API keys an engine started with these extra vLLM arguments and this
+    environment accepts, as vLLM's server decides: the last ``--api-key``'s values (it
+    takes one or more: ``--api-key A B``, ``--api-key=A``), else `API_KEY_ENV`; empty
+    ones dropped. [] when the engine needs no key."""
+    args = list(args)
+    keys: list[str] | None = None
+    for i, (flag, value, arg) in enumerate(vllm_flags(args)):
+        if flag != API_KEY_FLAG:
+            continue
+        if "=" in arg:
+            keys = [value or ""]
+        else:
+            keys = list(itertools.takewhile(lambda a: not a.startswith("-"), args[i + 1 :]))
+    if keys is None:
+        keys = [env.get(API_KEY_ENV, "")]
+    return [k for k in keys if k]
+
+
+def redacted(argv: Sequence[str]) -> list[str]:
+    """`argv` with the values of `SECRET_FLAGS` as ``***``, for logs (vLLM's own logs
+    redact them too). The process itself gets the real argv."""
+    out = list(argv)
+    secret = False  # inside a secret flag's values
+    for i, arg in enumerate(out):
+        flag, eq, _ = arg.partition("=")
+        name = flag.replace("_", "-") if flag.startswith("--") else flag
+        if name in SECRET_FLAGS:
+            secret = not eq
+            if eq:
+                out[i] = f"{flag}=***"
+        elif arg.startswith("-"):
+            secret = False
+        elif secret:
+            out[i] = "***"
+    return out
 
 
 def parallel_sizes(args: Sequence[str]) -> tuple[int, int]:
