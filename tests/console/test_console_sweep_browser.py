@@ -155,3 +155,35 @@ def test_clicking_a_point_picks_its_cell(served, driver):
     )
     browser.wait_rendered(driver, charts=3, timeout=120)
     assert not browser.exception_text(driver)
+
+
+# A page whose chart comes 0.5 s late, as after a rerun: until then `find` raises. The
+# stand-in has what `browser.select_point` uses of a plotly.js chart (listeners, emit,
+# data); the real charts are the tests above.
+LATE_CHART = """<html><body><script>
+setTimeout(() => {
+  const gd = document.createElement('div');
+  gd.className = 'late';
+  gd.data = [{x: [1, 2], y: [3, 4], customdata: [['a'], ['b']]}];
+  gd._fullData = gd.data;
+  gd._ev = {listeners: () => [() => {}]};
+  gd.emit = (name, ev) => { window.picked = ev.points[0].customdata; };
+  document.body.appendChild(gd);
+}, 500);
+</script></body></html>"""
+
+
+def test_selecting_a_point_waits_for_a_chart_that_is_not_there_yet(driver, tmp_path):
+    """The sweep page's charts are drawn again as a rerun ends: a `find` that raises
+    meanwhile (CI once: "Cannot read properties of undefined (reading 'data')") is tried
+    again, and its last error is named if the chart never comes."""
+    page = tmp_path / "late.html"
+    page.write_text(LATE_CHART)
+    driver.get(page.as_uri())
+    find = "const gd = document.querySelector('.late'); return [gd, 0, gd.data[0].x.length - 1];"
+    assert browser.select_point(driver, find, timeout=10) == ["b"]
+    assert driver.execute_script("return window.picked") == ["b"]
+    driver.get(page.as_uri())
+    never = "const gd = document.querySelector('.never'); return [gd, 0, gd.data.length];"
+    with pytest.raises(TimeoutError, match="Cannot read properties of null"):
+        browser.select_point(driver, never, timeout=1)

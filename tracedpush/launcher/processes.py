@@ -468,7 +468,13 @@ def stop_all(
                     )
                 _kill(p, waited, None)
             stopping = []
-        if interrupted and log and stopping and waited >= HINT_AFTER_S and not hinted.is_set():
+        if (
+            interrupted is not None
+            and log
+            and stopping
+            and waited >= HINT_AFTER_S
+            and not hinted.is_set()
+        ):
             hinted.set()
             log(
                 f"still stopping {waited:.0f}s after SIGTERM: "

@@ -125,7 +125,13 @@ def wait_rendered(driver: Any, *, charts: int = 1, timeout: float = 60.0) -> flo
 
 
 _SELECT = """
-const [gd, c, i] = (function () { %s }).apply(null, arguments);
+let found;
+try {
+  found = (function () { %s }).apply(null, arguments);
+} catch (e) {  // the chart not there yet (a rerun draws it again): said if it lasts
+  return {notYet: String(e)};
+}
+const [gd, c, i] = found;
 if (!gd || !gd._ev || gd._ev.listeners('plotly_selected').length === 0) return null;
 const t = (gd.data || [])[c];
 if (!t || !t.customdata) return null;  // redrawing (e.g. after a resize): not yet
@@ -144,14 +150,19 @@ def select_point(driver: Any, find: str, *args: Any, timeout: float = 30.0) -> l
     pointIndex]`` (``args`` are its ``arguments``). The event is emitted only once the
     chart listens for it: react-plotly attaches its handlers after the SVG is drawn, so
     an event emitted at once can go to nobody on a busy machine. A chart being drawn
-    again (a window resize) has no data for a moment: also waited for."""
+    again (a window resize, a rerun) has no data, or is not in the page, for a moment:
+    also waited for (``find`` raising then is retried; its last error is in the
+    TimeoutError)."""
     deadline = time.monotonic() + timeout
+    error = ""
     while True:
         custom = driver.execute_script(_SELECT % find, *args)
+        if isinstance(custom, dict):  # `find` raised
+            error, custom = f" (the last try of finding it: {custom['notYet']})", None
         if custom is not None:
             return custom
         if time.monotonic() > deadline:
-            raise TimeoutError(f"no chart listened for plotly_selected within {timeout} s")
+            raise TimeoutError(f"no chart listened for plotly_selected within {timeout} s{error}")
         time.sleep(0.05)
 
 
