@@ -11,8 +11,9 @@ until it exited.
 Each side is a git checkout (bench_abba.py's: ``git worktree add --detach``, removed
 afterwards; ``.`` is the working tree) whose launcher runs as ``python -m tracedpush up`` from its
 directory, so that its `tracedpush` comes first on the path. The engines and the proxy
-it starts import the installed `tracedpush` (this checkout's, editable): a side
-changes only the launcher's own code, which is what stops them.
+it starts import that checkout's `tracedpush` too: the launcher puts its own root first
+on their ``PYTHONPATH`` (`servers.PROJECT_ROOT`), ahead of the installed one. So a side
+is its launcher, proxy and connectors, all of which take part in a stop.
 
     python benchmarks/bench_stop.py --a HEAD~1 --b HEAD          # 2 rounds of A B B A
 

@@ -21,9 +21,9 @@ pytestmark = pytest.mark.browser
 
 FIGURES = """
 return [...document.querySelectorAll("[data-testid='stPlotlyChart'] .js-plotly-plot")]
-    .map(gd => ({kind: (gd.layout.meta || {}).kind,
-                 traces: gd.data.map(t => ({meta: t.meta, dash: (t.line || {}).dash,
-                                            x: Array.from(t.x || [])}))}));
+    .map(gd => ({kind: ((gd.layout || {}).meta || {}).kind,  // none while drawn again
+                 traces: (gd.data || []).map(t => ({meta: t.meta, dash: (t.line || {}).dash,
+                                                    x: Array.from(t.x || [])}))}));
 """
 LINKS = """
 return [...document.querySelectorAll("a[href*='timeline?request=']")]

@@ -289,14 +289,14 @@ def test_a_second_ctrl_c_ends_a_drain_and_the_rest_of_the_stop_at_once(tmp_path:
 
 
 def test_a_long_stop_says_a_second_ctrl_c_would_end_it(tmp_path: Path):
-    """Any server still stopping after `HINT_AFTER_S` (a decode engine's 10 s drain)
+    """Any server still stopping after `HINT_AFTER_S` (8 s: a decode engine's 10 s drain)
     makes the stop say once what it waits for and what a second Ctrl-C costs; one
     then kills it."""
     lines, after, pidfiles = _stop_with_a_second_ctrl_c(
         tmp_path, 40.0, {"decode": ""}, "Ctrl-C again to kill now"
     )
     hint = [x for x in lines if "Ctrl-C again" in x]
-    assert len(hint) == 1 and hint[0].startswith("still stopping 5s after SIGTERM: decode;")
+    assert len(hint) == 1 and hint[0].startswith("still stopping 8s after SIGTERM: decode;")
     assert after < 5.0, lines
     assert lines[-1].startswith("done killed=['decode'] clean=True"), lines
     assert not any(alive(int(p)) for f in pidfiles for p in f.read_text().split())

@@ -92,8 +92,9 @@ def wait_ports_free(ports: Iterable[int], timeout: float = 10.0) -> list[int]:
 
 HELD_BY_ENV = "TRACEDPUSH_ENGINES_LOCK_HELD_BY"
 # a stage of a stop still running this long says that a second Ctrl-C would kill it
-# (`stop_all`): a vLLM engine's drain and teardown take 5-10 s here
-HINT_AFTER_S = 5.0
+# (`stop_all`): longer than a vLLM engine's usual drain and teardown here (4-6 s), so
+# a usual stop says nothing
+HINT_AFTER_S = 8.0
 
 
 def _held_by_parent() -> bool:
