@@ -249,33 +249,32 @@ def api_keys(args: Sequence[str], env: Mapping[str, str]) -> list[str]:
     args = list(args)
     keys: list[str] | None = None
     for i, (flag, value, arg) in enumerate(vllm_flags(args)):
-        if flag != API_KEY_FLAG:
-            continue
-        if "=" in arg:
-            keys = [value or ""]
-        else:
-            keys = list(itertools.takewhile(lambda a: not a.startswith("-"), args[i + 1 :]))
+        if flag == API_KEY_FLAG:
+            keys = [value or ""] if "=" in arg else _values(args, i)
     if keys is None:
         keys = [env.get(API_KEY_ENV, "")]
     return [k for k in keys if k]
 
 
+def _values(args: list[str], i: int) -> list[str]:
+    """The values after the flag at `i` for a flag that takes one or more (``nargs="+"``,
+    as ``--api-key``): every argument up to the next flag."""
+    return list(itertools.takewhile(lambda a: not a.startswith("-"), args[i + 1 :]))
+
+
 def redacted(argv: Sequence[str]) -> list[str]:
     """`argv` with the values of `SECRET_FLAGS` as ``***``, for logs (vLLM's own logs
     redact them too). The process itself gets the real argv."""
-    out = list(argv)
-    secret = False  # inside a secret flag's values
-    for i, arg in enumerate(out):
-        flag, eq, _ = arg.partition("=")
-        name = flag.replace("_", "-") if flag.startswith("--") else flag
-        if name in SECRET_FLAGS:
-            secret = not eq
-            if eq:
-                out[i] = f"{flag}=***"
-        elif arg.startswith("-"):
-            secret = False
-        elif secret:
-            out[i] = "***"
+    args, out = list(argv), list(argv)
+    for i, (flag, _, arg) in enumerate(vllm_flags(args)):
+        if flag not in SECRET_FLAGS:
+            continue
+        name, eq, _ = arg.partition("=")
+        if eq:
+            out[i] = f"{name}=***"
+            continue
+        for j in range(i + 1, i + 1 + len(_values(args, i))):
+            out[j] = "***"
     return out
 
 
