@@ -89,7 +89,7 @@ def test_the_proxy_sends_the_engines_key_and_clients_keys_pass_through(
     assert "coordinates from its probe" in proxy_log, proxy_log[-2000:]
     store = TraceStore.from_path(config.traces_dir)
     run = analyze(store, spans=False)
-    check_flushed(run.export_health())
+    check_flushed(run.export_health(), d)
     ok = [r for r in run.requests if r.failure is None]
     assert len(ok) == len(prompts), [(r.request_id, r.failure) for r in run.requests]
     for r in ok:  # the catalog was learnt at start, with the engines' key

@@ -55,4 +55,4 @@ def test_unpinned_engines_are_named_as_contending(tmp_path: Path) -> None:
     assert cross, [f.text for f in found.findings]
     print("\n" + "\n".join(f.text for f in cross))
     # the stop let every engine process (P and D, scheduler and worker) and the proxy flush
-    check_flushed(analyze(TraceStore.from_path(config.traces_dir), spans=False).export_health())
+    check_flushed(analyze(TraceStore.from_path(config.traces_dir), spans=False).export_health(), d)

@@ -68,7 +68,7 @@ def test_a_registration_after_the_lease_is_blamed_on_ds_side(tmp_path: Path) -> 
     assert not any(r.ok for r in results), [r.to_dict() for r in results if r.ok]
     run = analyze(store, spans=False)
     # every engine process (P and D, scheduler and worker) and the proxy flushed as it stopped
-    check_flushed(run.export_health())
+    check_flushed(run.export_health(), d)
     late = [
         r for r in run.requests if r.failure is not None and r.failure.type == sc.ERR_LEASE_EXPIRED
     ]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tracedpush.launcher import Deployment, DeploymentConfig, LaunchError, servers
+from tracedpush.launcher import Deployment, DeploymentConfig, LaunchError, engine_stop, servers
 from tracedpush.launcher.processes import ManagedProcess
 
 
@@ -144,23 +144,40 @@ def test_max_model_len_capped_by_model(tmp_path: Path):
 
 
 @pytest.mark.parametrize(
-    ("extra", "args", "prefill", "decode"),
+    ("extra", "args", "env", "prefill", "decode"),
     [
-        ({}, (), 35, 10),  # vLLM's 30 s lease and 5 s
-        ({"kv_lease_duration": 3}, (), 10, 10),  # never under engine_shutdown_timeout
-        ({"kv_lease_duration": 60}, (), 65, 10),
-        ({}, ("--shutdown-timeout=7",), 7, 7),  # the engines' own wins, for both roles
-        ({}, ("--shutdown_timeout", "0"), 0, 0),  # vLLM's parser takes underscores
-        ({}, ("--shutdown-timeout", "soon"), 35, 10),  # not a number: vLLM will say so
+        ({}, (), {}, 35 + 17, 10 + 17),  # vLLM's 30 s lease and 5 s; then the teardown
+        ({"kv_lease_duration": 3}, (), {}, 27, 27),  # never under engine_drain_timeout
+        ({"kv_lease_duration": 60}, (), {}, 82, 27),
+        ({}, (), {"VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "20"}, 67, 42),  # vLLM's grace
+        ({}, (), {"VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "soon"}, 52, 27),  # vLLM says so
+        ({}, ("--shutdown-timeout=7",), {}, 7, 7),  # the engines' own wins, for both roles
+        ({}, ("--shutdown_timeout", "0"), {}, 0, 0),  # vLLM's parser takes underscores
+        ({}, ("--shutdown-timeout", "soon"), {}, 52, 27),  # not a number: vLLM will say so
     ],
 )
-def test_a_prefill_engine_drains_through_its_kv_lease(
-    model: Path, tmp_path: Path, extra: dict, args: tuple[str, ...], prefill: int, decode: int
+def test_an_engine_drains_then_tears_down_within_its_shutdown_timeout(
+    model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    extra: dict,
+    args: tuple[str, ...],
+    env: dict[str, str],
+    prefill: int,
+    decode: int,
 ):
-    """A prefill engine's drain waits for blocks a decode engine may still claim until
-    their lease ends; cut short, it is a kill that loses the final export record."""
+    """vLLM's --shutdown-timeout is EngineCore's whole stop: its drain (a prefill
+    engine's waits for blocks a decode engine may still claim until their lease ends),
+    then its workers' exit (vLLM's grace, SIGTERM, 4 s) and its own. Cut short, it is a
+    kill that loses the scheduler's last spans and final export record."""
+    monkeypatch.delenv(engine_stop.WORKER_GRACE_ENV, raising=False)
     config = DeploymentConfig(
-        mode="push", model=model, run_dir=tmp_path, kv_extra_config=extra, engine_args=args
+        mode="push",
+        model=model,
+        run_dir=tmp_path,
+        kv_extra_config=extra,
+        engine_args=args,
+        env=env,
     )
     assert (config.shutdown_timeout_for("prefill"), config.shutdown_timeout_for("decode")) == (
         prefill,
@@ -186,9 +203,9 @@ def test_engines_drain_and_stop_after_the_proxy_prefill_first(model: Path, tmp_p
     )
     procs = {e.name: d.engine_process(e)[0] for e in d.engines}
     assert all(p.stops_own_tree for p in procs.values())
-    # a prefill engine drains through vLLM's 30 s KV lease (`shutdown_timeout_for`)
-    assert _arg(procs["prefill"].argv, "--shutdown-timeout") == "35"
-    assert procs["prefill"].stop_grace == 40 and "lease" in procs["prefill"].slow_stop
+    # a prefill engine drains through vLLM's 30 s KV lease, then tears down (17 s)
+    assert _arg(procs["prefill"].argv, "--shutdown-timeout") == "52"
+    assert procs["prefill"].stop_grace == 57 and "lease" in procs["prefill"].slow_stop
     decode = procs["decode"].argv
     flags = [i for i, a in enumerate(decode) if a == "--shutdown-timeout"]
     assert [decode[i + 1] for i in flags] == ["3", "3"]  # theirs, and argparse's last wins

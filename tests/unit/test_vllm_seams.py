@@ -397,6 +397,46 @@ def test_launcher_seams_exist():
     assert importlib.util.find_spec("vllm.entrypoints.launchers.api_server.entry") is not None
 
 
+def _strings(source: str) -> set[str]:
+    """The string constants of `source` (adjacent literals joined, as Python does)."""
+    tree = ast.parse(textwrap.dedent(source))
+    return {
+        n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
+
+
+def test_the_stop_budget_and_messages_are_vllms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """tracedpush/launcher/engine_stop.py: vLLM's worker grace and SIGTERM wait that an
+    engine's --shutdown-timeout must cover, and the lines its log prints as a stop
+    begins and as it kills, rendered from vLLM's own format strings."""
+    import vllm.envs as envs
+    from vllm.entrypoints.launchers import launcher
+    from vllm.v1 import utils as v1_utils
+    from vllm.v1.executor import multiproc_executor
+
+    from tracedpush.launcher import engine_stop
+
+    monkeypatch.delenv(engine_stop.WORKER_GRACE_ENV, raising=False)
+    assert envs.environment_variables[engine_stop.WORKER_GRACE_ENV]() == engine_stop.WORKER_GRACE_S
+    executor = inspect.getsource(multiproc_executor)
+    assert f"envs.{engine_stop.WORKER_GRACE_ENV}" in executor
+    wait = f"wait_for_termination(active_procs(), {engine_stop.WORKER_SIGTERM_WAIT_S})"
+    assert wait in executor
+    begins = "[shutdown] API server: shutdown triggered"
+    assert begins in inspect.getsource(launcher) and begins == engine_stop._STOP_BEGINS
+    kill_core = "[shutdown] Process manager: force killing remaining process %s pid %d"
+    kill_workers = "[shutdown] Executor: workers still running after SIGTERM; sending SIGKILL"
+    assert kill_core in _strings(inspect.getsource(v1_utils.shutdown))
+    assert kill_workers + " count=%d" in _strings(executor)
+    log = tmp_path / "prefill.log"
+    log.write_text(
+        f"(APIServer pid=1) INFO {begins}\n"
+        f"(EngineCore pid=2) WARNING {kill_workers} count=1\n"
+        f"(APIServer pid=1) WARNING {kill_core % ('EngineCore', 2)}\n"
+    )
+    assert engine_stop.forced_kills(log) == ["EngineCore", "workers"]
+
+
 # ------------------------------------------------------------------- NIXL tap
 TAPPED = ("send_notif", "get_new_notifs", "make_prepped_xfer", "transfer", "check_xfer_state")
 TAPPED += ("get_xfer_telemetry",)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tracedpush.launcher import engine_tmp, servers, shm
+from tracedpush.launcher import engine_stop, engine_tmp, servers, shm
 from tracedpush.launcher.affinity import CORES_ENV, engine_cores
 from tracedpush.launcher.processes import (
     EnginesLock,
@@ -45,7 +45,7 @@ Log = Callable[[str], None]
 
 VLLM_KV_LEASE_S = 30  # vLLM's default kv_lease_duration (its NIXL connectors' schedulers)
 LEASE_MARGIN_S = 5  # a prefill engine's drain beyond its lease: the expiry is seen at a step
-ENGINE_TEARDOWN_S = 5.0  # after its drain, an engine's EngineCore, worker and API server exit
+ENGINE_TEARDOWN_S = 5.0  # after its --shutdown-timeout, an engine's API server exits
 
 
 def _stderr(msg: str) -> None:
@@ -77,11 +77,11 @@ class DeploymentConfig:
     served_model_name: str | None = None  # None: the model directory's name
     startup_timeout: float = 420.0
     stop_grace: float = 15.0
-    # vLLM's --shutdown-timeout for every engine (unless its args set one): how long a
-    # stopping engine drains requests before vLLM kills its EngineCore. vLLM's default, 0,
-    # kills EngineCore and workers at once, before the connectors flush their last spans.
-    # Prefill engines get at least their KV lease and 5 s (`shutdown_timeout_for`).
-    engine_shutdown_timeout: int = 10
+    # How long a stopping engine's requests may drain. Its vLLM --shutdown-timeout (unless
+    # its args set one) is this and its teardown (`shutdown_timeout_for`); vLLM's default,
+    # 0, kills EngineCore and workers at once, before the connectors flush their last
+    # spans. Prefill engines drain for at least their KV lease and 5 s.
+    engine_drain_timeout: int = 10
     engine_args: tuple[str, ...] = ()  # appended to every vLLM command line
     prefill_args: tuple[str, ...] = ()  # then these to prefill engines' (e.g. -tp 2)
     decode_args: tuple[str, ...] = ()  # and these to decode engines'
@@ -107,9 +107,9 @@ class DeploymentConfig:
         own = self.prefill_args if role == "prefill" else self.decode_args
         return (*self.engine_args, *own)
 
-    def shutdown_timeout_for(self, role: str) -> int:
-        """vLLM's --shutdown-timeout of `role`'s engines: the one their arguments set, else
-        `engine_shutdown_timeout`, and for prefill engines at least their KV lease
+    def drain_timeout_for(self, role: str) -> int:
+        """How long `role`'s engines may drain their requests as they stop:
+        `engine_drain_timeout`, and for prefill engines at least their KV lease
         (`kv_lease_duration`, vLLM's default 30 s) and `LEASE_MARGIN_S`.
 
         A prefill engine's drain waits for finished requests whose blocks a decode engine
@@ -117,15 +117,23 @@ class DeploymentConfig:
         never read) until their lease ends. A drain cut short before that is a kill that
         loses the engine's last spans and final export record; a drain with nothing
         pinned ends at once, so only a stop within a lease takes longer."""
+        if role != "prefill":
+            return self.engine_drain_timeout
+        lease = int(self.kv_extra_config.get("kv_lease_duration", VLLM_KV_LEASE_S))
+        return max(self.engine_drain_timeout, lease + LEASE_MARGIN_S)
+
+    def shutdown_timeout_for(self, role: str) -> int:
+        """vLLM's --shutdown-timeout of `role`'s engines: the one their arguments set, else
+        their drain (`drain_timeout_for`) and their teardown after it
+        (`engine_stop.teardown_s`, from vLLM's worker grace in their environment): vLLM
+        kills an EngineCore that has not exited by then, before its scheduler flushes."""
         args = self.engine_args_for(role)
         own = [v for f, v, _ in servers.vllm_flags(args) if f == servers.SHUTDOWN_TIMEOUT_FLAG]
         if own and own[-1] is not None:
             with contextlib.suppress(ValueError):  # not a number: vLLM will say so
                 return int(own[-1])
-        if role != "prefill":
-            return self.engine_shutdown_timeout
-        lease = int(self.kv_extra_config.get("kv_lease_duration", VLLM_KV_LEASE_S))
-        return max(self.engine_shutdown_timeout, lease + LEASE_MARGIN_S)
+        env = {**os.environ, **self.env}
+        return engine_stop.shutdown_timeout(self.drain_timeout_for(role), env)
 
     def proxy_api_key(self) -> str | None:
         """The key the proxy's own calls send (its `servers.API_KEY_ENV`): the first one
@@ -217,6 +225,8 @@ class Deployment:
         # stop removed: the engines' leaked ones (`shm`)
         self._shm_before: set[str] | None = None
         self.shm_removed: list[str] = []
+        # what vLLM itself killed as each engine stopped (`engine_stop.forced_kills`)
+        self.vllm_killed: dict[str, list[str]] = {}
         c = self.config
         ncpu = os.cpu_count() or 1
         on_cpu = c.platform == "cpu"  # one core per engine; a GPU engine is not pinned
@@ -430,7 +440,7 @@ class Deployment:
         nothing with ``TRACEDPUSH_PIN_ENGINE_TREE=0`` (see tracedpush.launcher.affinity).
         """
         c = self.config
-        drain = c.shutdown_timeout_for(e.role)
+        budget = c.shutdown_timeout_for(e.role)
         argv = servers.engine_argv(
             c.mode,
             e,
@@ -442,7 +452,7 @@ class Deployment:
             self.traces_dir if c.trace and not c.collect else None,
             c.engine_args_for(e.role),
             kv_extra_config=c.kv_extra_config,
-            shutdown_timeout=drain,
+            shutdown_timeout=budget,
             kv_buffer_device=c.kv_buffer_device or "cpu",
         )
         env = servers.engine_env(e, platform=c.platform or "cpu")
@@ -462,12 +472,12 @@ class Deployment:
             stops_own_tree=True,
             # D drains once P's side channel refuses (`_stop_order`), not its exit
             handover_ports=(e.side_channel_port,) if e.role == "prefill" else (),
-            stop_grace=max(c.stop_grace, drain + ENGINE_TEARDOWN_S),
+            stop_grace=max(c.stop_grace, budget + ENGINE_TEARDOWN_S),
             slow_stop=(
-                f"vLLM drains it for up to {drain}s (--shutdown-timeout), waiting for KV "
-                "blocks a decode engine may still claim until their lease ends"
+                f"vLLM drains and tears it down for up to {budget}s (--shutdown-timeout), "
+                "waiting for KV blocks a decode engine may still claim until their lease ends"
                 if e.role == "prefill"
-                else f"vLLM drains its requests for up to {drain}s (--shutdown-timeout)"
+                else f"vLLM drains and tears it down for up to {budget}s (--shutdown-timeout)"
             ),
         )
         return proc, env
@@ -596,6 +606,7 @@ class Deployment:
         blocked = _block_signals()
         try:
             stages = self._stop_order()
+            stopping = {p.name for p in self.processes}
             if self.processes:
                 self.log(
                     "stopping " + ", then ".join(", ".join(p.name for p in s) for s in stages if s)
@@ -608,6 +619,7 @@ class Deployment:
             )
             self.processes = []
             self.teardown = report
+            self._say_what_vllm_killed(stopping)
             if self.engine_tmp is not None and report.clean:  # else in use: a later sweep
                 engine_tmp.remove(self.engine_tmp)
                 self.engine_tmp = None
@@ -633,6 +645,31 @@ class Deployment:
                 self._lock.release()
                 self._locked = False
             _unblock_signals(blocked)
+
+    def _say_what_vllm_killed(self, stopped: set[str]) -> None:
+        """Name each engine of `stopped` whose stop vLLM cut short (its log), and what
+        that lost: a kill is silent otherwise, found later as missing spans."""
+        for e in self.engines:
+            if e.name not in stopped:
+                continue
+            killed = engine_stop.forced_kills(self.logs[e.name])
+            if killed:
+                self.vllm_killed[e.name] = killed
+            budget = self.config.shutdown_timeout_for(e.role)
+            for what in killed:
+                if what == "workers":
+                    self.log(
+                        f"{e.name}: vLLM killed its workers, still exiting after its "
+                        f"{engine_stop.WORKER_GRACE_ENV} and a SIGTERM; they flush first, "
+                        "so the report's trace completeness says whether one lost spans"
+                    )
+                else:
+                    self.log(
+                        f"{e.name}: vLLM killed its {what} when its --shutdown-timeout of "
+                        f"{budget}s ran out, before it flushed: its scheduler's last spans "
+                        "and final export record are lost (a longer "
+                        f"--{e.role}-arg=--shutdown-timeout=N keeps them)"
+                    )
 
 
 def _display(host: str) -> str:

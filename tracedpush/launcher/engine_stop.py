@@ -1,0 +1,74 @@
+"""How vLLM stops an engine: the budget its ``--shutdown-timeout`` must cover, and what
+its log says it killed when that budget ran out.
+
+vLLM 0.32's ``--shutdown-timeout N`` is not a drain time alone. On SIGTERM the API server
+gives EngineCore N seconds in all (``v1.utils.shutdown``: SIGTERM, join, then SIGKILL):
+the drain of its requests, and then its teardown, which waits for its workers to exit
+(``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS``, 5 s), SIGTERMs those still running, waits
+4 s more, SIGKILLs them (``MultiprocExecutor``), and only then runs EngineCore's own
+exit, where the scheduler's connector flushes its last spans and final export record.
+A budget of the drain alone leaves that exit to chance: CI lost a prefill scheduler's
+final record so (tests/e2e/test_late_registration.py, a worker slow to exit).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+WORKER_GRACE_ENV = "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"  # vLLM's wait for its workers
+WORKER_GRACE_S = 5  # its default
+WORKER_SIGTERM_WAIT_S = 4  # then SIGTERM, and this long before SIGKILL (hard-coded in vLLM)
+# then EngineCore's own exit, the scheduler connector's flush among it: 5-7 s here after
+# vLLM killed a worker (a prefill engine stopped with requests expired, by hand, traced
+# and not), under 1 s after a worker that exited in its grace
+ENGINE_CORE_EXIT_S = 8
+
+# what vLLM logs as it begins a stop, and as it kills what outlived its budget
+_STOP_BEGINS = "[shutdown] API server: shutdown triggered"
+_KILLED = (
+    (re.compile(r"\[shutdown\] Process manager: force killing remaining process (\S+)"), 1),
+    (re.compile(r"\[shutdown\] Executor: workers still running after SIGTERM; sending SIGKILL"), 0),
+)
+_LOG_TAIL_BYTES = 256 * 1024
+
+
+def teardown_s(env: Mapping[str, str] | None = None) -> int:
+    """What an engine's teardown after its drain may take within ``--shutdown-timeout``
+    (`env`: the engine's environment, for vLLM's worker grace; default ``os.environ``)."""
+    env = os.environ if env is None else env
+    try:
+        grace = max(0, int(env.get(WORKER_GRACE_ENV, WORKER_GRACE_S)))
+    except ValueError:  # vLLM will say so as it starts
+        grace = WORKER_GRACE_S
+    return grace + WORKER_SIGTERM_WAIT_S + ENGINE_CORE_EXIT_S
+
+
+def shutdown_timeout(drain_s: int, env: Mapping[str, str] | None = None) -> int:
+    """The ``--shutdown-timeout`` that lets an engine drain for `drain_s` and still tear
+    down in order, each of its processes flushing before it exits."""
+    return drain_s + teardown_s(env)
+
+
+def forced_kills(log_path: Path) -> list[str]:
+    """What vLLM killed in the last stop its log records: ``EngineCore`` (its budget ran
+    out before it exited: the scheduler's last spans and final record are lost) and/or
+    ``workers`` (they outlived EngineCore's wait); [] when it stopped in order or the log
+    cannot be read."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - _LOG_TAIL_BYTES))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    text = text[text.rfind(_STOP_BEGINS) :] if _STOP_BEGINS in text else text
+    killed: list[str] = []
+    for pattern, group in _KILLED:
+        for m in pattern.finditer(text):
+            what = m.group(group) if group else "workers"
+            if what not in killed:
+                killed.append(what)
+    return killed
