@@ -18,12 +18,14 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from tracedpush.launcher.processes import tail
+
 WORKER_GRACE_ENV = "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"  # vLLM's wait for its workers
 WORKER_GRACE_S = 5  # its default
 WORKER_SIGTERM_WAIT_S = 4  # then SIGTERM, and this long before SIGKILL (hard-coded in vLLM)
 # then EngineCore's own exit, the scheduler connector's flush among it: 5-7 s here after
 # vLLM killed a worker (a prefill engine stopped with requests expired, by hand, traced
-# and not), under 1 s after a worker that exited in its grace
+# and not), about 2 s after a worker that exited in its grace
 ENGINE_CORE_EXIT_S = 8
 
 # what vLLM logs as it begins a stop, and as it kills what outlived its budget
@@ -32,7 +34,7 @@ _KILLED = (
     (re.compile(r"\[shutdown\] Process manager: force killing remaining process (\S+)"), 1),
     (re.compile(r"\[shutdown\] Executor: workers still running after SIGTERM; sending SIGKILL"), 0),
 )
-_LOG_TAIL_BYTES = 256 * 1024
+_LOG_TAIL_LINES = 2000
 
 
 def teardown_s(env: Mapping[str, str] | None = None) -> int:
@@ -56,14 +58,8 @@ def forced_kills(log_path: Path) -> list[str]:
     """What vLLM killed in the last stop its log records: ``EngineCore`` (its budget ran
     out before it exited: the scheduler's last spans and final record are lost) and/or
     ``workers`` (they outlived EngineCore's wait); [] when it stopped in order or the log
-    cannot be read."""
-    try:
-        with open(log_path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - _LOG_TAIL_BYTES))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return []
+    cannot be read (`tail` then says so, which matches nothing)."""
+    text = tail(log_path, lines=_LOG_TAIL_LINES)  # a stop's lines: about 100 here
     text = text[text.rfind(_STOP_BEGINS) :] if _STOP_BEGINS in text else text
     killed: list[str] = []
     for pattern, group in _KILLED:
