@@ -105,7 +105,7 @@ def kv_transfer_config(
 
 
 RECEIPT_MIDDLEWARE = "tracedpush.connector.http.ReceiptMiddleware"
-SHUTDOWN_TIMEOUT_FLAG = "--shutdown-timeout"  # how long vLLM drains a stopping engine
+SHUTDOWN_TIMEOUT_FLAG = "--shutdown-timeout"  # a stopping engine's drain and teardown (engine_stop)
 
 
 def engine_argv(
