@@ -6,16 +6,20 @@ format strings of `vllm.v1.utils.shutdown` and `MultiprocExecutor`."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from tracedpush.launcher import Deployment, DeploymentConfig, engine_stop
+from tracedpush.launcher.processes import ManagedProcess, latest_start
 
 LOGS = Path(__file__).parents[1] / "data" / "vllm-stop"
 STOP_IN_ORDER = (LOGS / "in-order.log").read_text()
 CORE_KILLED = (LOGS / "core-killed.log").read_text()
 WORKERS_KILLED = (LOGS / "workers-killed.log").read_text()
+STARTED = "# 2026-12-07 03:51:33 python -m tracedpush.launcher.vllm_entry --model m\n"
 
 
 def test_the_budget_covers_the_drain_and_vllms_teardown(monkeypatch: pytest.MonkeyPatch):
@@ -34,6 +38,10 @@ def test_the_budget_covers_the_drain_and_vllms_teardown(monkeypatch: pytest.Monk
         (STOP_IN_ORDER + CORE_KILLED, ["EngineCore"]),
         # a kill in an earlier stop of the same log (a respawned engine) is not this one's
         (CORE_KILLED + STOP_IN_ORDER, []),
+        # nor one before the engine's latest start (a run directory used again), even
+        # when this run's engine left no stop line (killed by the launcher)
+        (STOP_IN_ORDER + CORE_KILLED + STARTED + "INFO serving\n", []),
+        (STOP_IN_ORDER + STARTED + WORKERS_KILLED, ["workers"]),
         ("", []),
     ],
 )
@@ -67,3 +75,15 @@ def test_the_stop_names_an_engine_vllm_killed_and_what_that_lost(model: Path, tm
     assert any("--prefill-arg=--shutdown-timeout=N" in s for s in said)
     d.stop()  # a second stop says nothing again
     assert len([line for line in lines if "vLLM killed" in line]) == 2
+
+
+def test_a_servers_latest_start_is_found_in_its_appended_log(tmp_path: Path):
+    """The line `ManagedProcess.start` writes is what `latest_start` finds: a server
+    started twice into one log (a respawn) has only its second run after it."""
+    proc = ManagedProcess("x", [sys.executable, "-c", "print('served')"], tmp_path / "x.log")
+    for start in (lambda: proc.start(dict(os.environ)), proc.restart):
+        start()
+        assert proc.popen is not None and proc.popen.wait(30) == 0
+    text = (tmp_path / "x.log").read_text()
+    assert text.count("served\n") == 2 and latest_start(text).count("served\n") == 1
+    assert latest_start(text).startswith("# ") and latest_start("no start\n") == "no start\n"

@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from tracedpush.launcher.processes import tail
+from tracedpush.launcher.processes import latest_start, tail
 
 WORKER_GRACE_ENV = "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"  # vLLM's wait for its workers
 WORKER_GRACE_S = 5  # its default
@@ -55,11 +55,12 @@ def shutdown_timeout(drain_s: int, env: Mapping[str, str] | None = None) -> int:
 
 
 def forced_kills(log_path: Path) -> list[str]:
-    """What vLLM killed in the last stop its log records: ``EngineCore`` (its budget ran
-    out before it exited: the scheduler's last spans and final record are lost) and/or
-    ``workers`` (they outlived EngineCore's wait); [] when it stopped in order or the log
-    cannot be read (`tail` then says so, which matches nothing)."""
-    text = tail(log_path, lines=_LOG_TAIL_LINES)  # a stop's lines: about 100 here
+    """What vLLM killed in the last stop its log records since the engine's latest start
+    (`processes.latest_start`): ``EngineCore`` (its budget ran out before it exited: the
+    scheduler's last spans and final record are lost) and/or ``workers`` (they outlived
+    EngineCore's wait); [] when it stopped in order or the log cannot be read (`tail`
+    then says so, which matches nothing)."""
+    text = latest_start(tail(log_path, lines=_LOG_TAIL_LINES))  # a stop: about 100 lines
     text = text[text.rfind(_STOP_BEGINS) :] if _STOP_BEGINS in text else text
     killed: list[str] = []
     for pattern, group in _KILLED:

@@ -16,6 +16,7 @@ import errno
 import fcntl
 import functools
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -180,6 +181,17 @@ def _child_setup(cpus: tuple[int, ...] = ()) -> None:  # in the child between fo
             os.sched_setaffinity(0, cpus)
 
 
+# the line `ManagedProcess.start` writes to a server's log as it starts it (logs are
+# appended to: a run directory used again, a respawned engine)
+_STARTED = re.compile(r"^# \d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} ", re.MULTILINE)
+
+
+def latest_start(text: str) -> str:
+    """What a log's text holds from its server's latest start on (all of it without one)."""
+    starts = list(_STARTED.finditer(text))
+    return text[starts[-1].start() :] if starts else text
+
+
 def tail(path: Path, lines: int = 40) -> str:
     """Last lines of a log file (best effort, for error messages)."""
     try:
@@ -231,6 +243,7 @@ class ManagedProcess:
         self._env, self._cwd = dict(env), cwd
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            # `_STARTED`'s line
             log.write(f"# {time.strftime('%F %T')} {' '.join(redacted(self.argv))}\n".encode())
             log.flush()
             self.popen = subprocess.Popen(
