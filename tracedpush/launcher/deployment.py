@@ -653,8 +653,9 @@ class Deployment:
             if e.name not in stopped:
                 continue
             killed = engine_stop.forced_kills(self.logs[e.name])
-            if killed:
-                self.vllm_killed[e.name] = killed
+            if not killed:
+                continue
+            self.vllm_killed[e.name] = killed
             budget = self.config.shutdown_timeout_for(e.role)
             for what in killed:
                 if what == "workers":

@@ -28,11 +28,15 @@ WORKER_SIGTERM_WAIT_S = 4  # then SIGTERM, and this long before SIGKILL (hard-co
 # and not), about 2 s after a worker that exited in its grace
 ENGINE_CORE_EXIT_S = 8
 
-# what vLLM logs as it begins a stop, and as it kills what outlived its budget
+# what vLLM logs as it begins a stop, and as it kills what outlived its budget: (the
+# line, what it killed; None: the process named in the line's group)
 _STOP_BEGINS = "[shutdown] API server: shutdown triggered"
-_KILLED = (
-    (re.compile(r"\[shutdown\] Process manager: force killing remaining process (\S+)"), 1),
-    (re.compile(r"\[shutdown\] Executor: workers still running after SIGTERM; sending SIGKILL"), 0),
+_KILLED: tuple[tuple[re.Pattern[str], str | None], ...] = (
+    (re.compile(r"\[shutdown\] Process manager: force killing remaining process (\S+)"), None),
+    (
+        re.compile(r"\[shutdown\] Executor: workers still running after SIGTERM; sending SIGKILL"),
+        "workers",
+    ),
 )
 _LOG_TAIL_LINES = 2000
 
@@ -61,11 +65,11 @@ def forced_kills(log_path: Path) -> list[str]:
     EngineCore's wait); [] when it stopped in order or the log cannot be read (`tail`
     then says so, which matches nothing)."""
     text = latest_start(tail(log_path, lines=_LOG_TAIL_LINES))  # a stop: about 100 lines
-    text = text[text.rfind(_STOP_BEGINS) :] if _STOP_BEGINS in text else text
+    text = text[max(text.rfind(_STOP_BEGINS), 0) :]  # no stop line: all of it
     killed: list[str] = []
-    for pattern, group in _KILLED:
+    for pattern, name in _KILLED:
         for m in pattern.finditer(text):
-            what = m.group(group) if group else "workers"
+            what = name or m.group(1)
             if what not in killed:
                 killed.append(what)
     return killed
