@@ -1,6 +1,7 @@
-"""The cold build's typed span decoder (`otlp_fast`) gives exactly `otlp.Decoder.span`'s
-spans, on real and synthetic spans and on every odd shape it must hand back to
-`Decoder.span` (the fallback), and its packed spans unpack to the same spans."""
+"""The typed span decoder (`otlp_fast`) gives exactly `otlp.Decoder.span`'s spans, on
+real and synthetic spans and on every odd shape it must hand back to `Decoder.span`
+(the fallback), and its packed spans unpack to the same spans; a whole line read by
+`otlp_fast.document_line` gives what `Decoder.document` gives, or is left to it."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from tracedpush.analysis.index_store import (
     shard_of,
     unpack,
 )
-from tracedpush.analysis.model import Resource, Span
+from tracedpush.analysis.model import LoadStats, Resource, Span
 from tracedpush.analysis.otlp import Decoder
 from tracedpush.testing import synthetic
 
@@ -113,144 +114,296 @@ def ints(*texts: str) -> dict[str, Any]:
     return {"arrayValue": {"values": [{"intValue": t} for t in texts]}}
 
 
-@pytest.mark.parametrize(
-    ("raw", "fast"),
-    [
-        # ids: uppercase hex, base64 (protobuf JSON), missing parent, bad ids
-        (span(traceId=TID.upper(), spanId=SID.upper(), parentSpanId=SID.upper()), True),
-        (span(traceId=base64.b64encode(bytes.fromhex(TID)).decode()), True),
-        (span(spanId=base64.b64encode(bytes.fromhex(SID)).decode()), True),
-        (span(parentSpanId=base64.b64encode(bytes.fromhex(SID)).decode()), True),
-        (span(parentSpanId=_DROP), True),
-        (span(parentSpanId=None), True),
-        (span(traceId="zz"), False),
-        (span(traceId=5), False),
-        (span(spanId=_DROP), False),
-        # times: numbers, missing or null end, end 0 (a number and a string), backwards
-        (span(startTimeUnixNano=1000, endTimeUnixNano=2000), True),
-        (span(endTimeUnixNano=_DROP), True),
-        (span(endTimeUnixNano=None), True),
-        (span(endTimeUnixNano=0), False),
-        (span(endTimeUnixNano="0"), False),
-        (span(endTimeUnixNano="500"), False),
-        (span(startTimeUnixNano="1e3"), False),
-        (span(startTimeUnixNano=_DROP), False),
-        # kind and status: names, numbers, odd types
-        (span(kind="SPAN_KIND_CLIENT"), True),
-        (span(kind="2"), True),
-        (span(kind=3.0), True),
-        (span(kind=None), False),
-        (span(kind=_DROP), True),
-        (span(status={}), True),
-        (span(status=None), True),
-        (span(status=_DROP), True),
-        (span(status={"code": "STATUS_CODE_ERROR", "message": "boom"}), True),
-        (span(status={"code": 2, "message": None}), True),
-        (span(status={"code": "ERROR", "other": 1}), True),
-        (span(status=[]), False),
-        (span(name=_DROP), False),
-        (span(name=7), True),
-        (span(traceState="x", links=[], droppedAttributesCount=0, flags=1), True),
-        # events
-        (
-            span(
-                events=[
-                    {
-                        "timeUnixNano": "1500",
-                        "name": "e",
-                        "attributes": [{"key": "k", "value": {"stringValue": "v"}}],
-                    },
-                    {"name": "no-time"},
-                    {"timeUnixNano": 1600},
-                    {"timeUnixNano": "0", "name": None, "attributes": None},
-                ]
-            ),
-            True,
+# (raw span, whether the typed path decodes it itself)
+ODD_SPANS = [
+    # ids: uppercase hex, base64 (protobuf JSON), missing parent, bad ids
+    (span(traceId=TID.upper(), spanId=SID.upper(), parentSpanId=SID.upper()), True),
+    (span(traceId=base64.b64encode(bytes.fromhex(TID)).decode()), True),
+    (span(spanId=base64.b64encode(bytes.fromhex(SID)).decode()), True),
+    (span(parentSpanId=base64.b64encode(bytes.fromhex(SID)).decode()), True),
+    (span(parentSpanId=_DROP), True),
+    (span(parentSpanId=None), True),
+    (span(traceId="zz"), False),
+    (span(traceId=5), False),
+    (span(spanId=_DROP), False),
+    # times: numbers, missing or null end, end 0 (a number and a string), backwards
+    (span(startTimeUnixNano=1000, endTimeUnixNano=2000), True),
+    (span(endTimeUnixNano=_DROP), True),
+    (span(endTimeUnixNano=None), True),
+    (span(endTimeUnixNano=0), False),
+    (span(endTimeUnixNano="0"), False),
+    (span(endTimeUnixNano="500"), False),
+    (span(startTimeUnixNano="1e3"), False),
+    (span(startTimeUnixNano=_DROP), False),
+    # kind and status: names, numbers, odd types
+    (span(kind="SPAN_KIND_CLIENT"), True),
+    (span(kind="2"), True),
+    (span(kind=3.0), True),
+    (span(kind=None), False),
+    (span(kind=_DROP), True),
+    (span(status={}), True),
+    (span(status=None), True),
+    (span(status=_DROP), True),
+    (span(status={"code": "STATUS_CODE_ERROR", "message": "boom"}), True),
+    (span(status={"code": 2, "message": None}), True),
+    (span(status={"code": "ERROR", "other": 1}), True),
+    (span(status=[]), False),
+    (span(name=_DROP), False),
+    (span(name=7), True),
+    (span(traceState="x", links=[], droppedAttributesCount=0, flags=1), True),
+    # events
+    (
+        span(
+            events=[
+                {
+                    "timeUnixNano": "1500",
+                    "name": "e",
+                    "attributes": [{"key": "k", "value": {"stringValue": "v"}}],
+                },
+                {"name": "no-time"},
+                {"timeUnixNano": 1600},
+                {"timeUnixNano": "0", "name": None, "attributes": None},
+            ]
         ),
-        (span(events=[]), True),
-        (span(events=None), True),
-        (span(events={}), False),
-        (span(events=[{"timeUnixNano": "x"}]), False),
-        # attribute values: every kind, odd types, several fields, unknown ones
-        (attr({"stringValue": 'é " \\ \u2603'}), True),
-        (attr({"stringValue": None}), True),
-        (attr({"stringValue": 5}), True),
-        (attr({"intValue": 5}), True),
-        (attr({"intValue": "-5"}), True),
-        (attr({"intValue": "1e3"}), False),
-        (attr({"intValue": "12.0"}), False),
-        (attr({"intValue": 12.0}), True),
-        (attr({"intValue": " 12"}), True),
-        (attr({"doubleValue": 1}), True),
-        (attr({"doubleValue": 1.25}), True),
-        (attr({"doubleValue": "NaN"}), True),
-        (attr({"doubleValue": "1.5"}), True),
-        (attr({"boolValue": True}), True),
-        (attr({"boolValue": "false"}), True),
-        (attr({"boolValue": 0}), True),
-        (attr({}), True),
-        (attr(None), True),
-        (attr({"kvlistValue": {"values": [{"key": "k", "value": {"intValue": "1"}}]}}), False),
-        (attr({"bytesValue": "AAEC"}), False),
-        (attr({"stringValue": "s", "intValue": "1"}), False),
-        (attr({"intValue": "1", "stringValue": "s"}), False),
-        (attr({"intValue": "1", "doubleValue": 2.0}), False),
-        (attr({"foo": 1}), False),
-        (attr("plain"), False),
-        (span(attributes=[{"value": {"stringValue": "no key"}}]), False),
-        (span(attributes=[{"key": "k"}]), True),
-        (span(attributes=None), True),
-        (span(attributes={}), False),
-        # arrays: all ints (plain and not), strings, doubles, mixed, nested, empty
-        (attr(ints("1", "-22", "333", "0")), True),
-        (attr(ints("01", "2")), True),
-        (attr(ints("+5")), True),
-        (attr(ints(" 5")), True),
-        (attr(ints("1e3")), False),
-        (attr(ints("")), False),
-        (attr(ints("1", "x")), False),
-        (attr(ints("99999999999999999999999999")), True),
-        (attr({"arrayValue": {"values": [{"intValue": 1}, {"intValue": "2"}]}}), True),
-        (attr({"arrayValue": {"values": [{"intValue": "1", "stringValue": "s"}]}}), False),
-        (attr({"arrayValue": {"values": [{"intValue": "1"}, {"stringValue": "s"}]}}), True),
-        (attr({"arrayValue": {"values": [{"stringValue": "a"}, {"stringValue": None}]}}), True),
-        (attr({"arrayValue": {"values": [{"doubleValue": 1.5}, {"doubleValue": 2}]}}), True),
-        (attr({"arrayValue": {"values": [{"boolValue": True}, {}]}}), True),
-        (attr({"arrayValue": {"values": [{"arrayValue": {"values": [{"intValue": "3"}]}}]}}), True),
-        (attr({"arrayValue": {"values": [5]}}), False),
-        (attr({"arrayValue": {"values": []}}), True),
-        (attr({"arrayValue": {"values": None}}), True),
-        (attr({"arrayValue": {}}), True),
-        (attr({"arrayValue": None}), True),
-        (attr({"arrayValue": []}), False),
-        (attr({"arrayValue": {"values": [{"intValue": "1"}], "x": 1}}), True),
-    ],
-)
+        True,
+    ),
+    (span(events=[]), True),
+    (span(events=None), True),
+    (span(events={}), False),
+    (span(events=[{"timeUnixNano": "x"}]), False),
+    # attribute values: every kind, odd types, several fields, unknown ones
+    (attr({"stringValue": 'é " \\ \u2603'}), True),
+    (attr({"stringValue": None}), True),
+    (attr({"stringValue": 5}), True),
+    (attr({"intValue": 5}), True),
+    (attr({"intValue": "-5"}), True),
+    (attr({"intValue": "1e3"}), False),
+    (attr({"intValue": "12.0"}), False),
+    (attr({"intValue": 12.0}), True),
+    (attr({"intValue": " 12"}), True),
+    (attr({"doubleValue": 1}), True),
+    (attr({"doubleValue": 1.25}), True),
+    (attr({"doubleValue": "NaN"}), True),
+    (attr({"doubleValue": "1.5"}), True),
+    (attr({"boolValue": True}), True),
+    (attr({"boolValue": "false"}), True),
+    (attr({"boolValue": 0}), True),
+    (attr({}), True),
+    (attr(None), True),
+    (attr({"kvlistValue": {"values": [{"key": "k", "value": {"intValue": "1"}}]}}), False),
+    (attr({"bytesValue": "AAEC"}), False),
+    (attr({"stringValue": "s", "intValue": "1"}), False),
+    (attr({"intValue": "1", "stringValue": "s"}), False),
+    (attr({"intValue": "1", "doubleValue": 2.0}), False),
+    (attr({"foo": 1}), False),
+    (attr("plain"), False),
+    (span(attributes=[{"value": {"stringValue": "no key"}}]), False),
+    (span(attributes=[{"key": "k"}]), True),
+    (span(attributes=None), True),
+    (span(attributes={}), False),
+    # arrays: all ints (plain and not), strings, doubles, mixed, nested, empty
+    (attr(ints("1", "-22", "333", "0")), True),
+    (attr(ints("01", "2")), True),
+    (attr(ints("+5")), True),
+    (attr(ints(" 5")), True),
+    (attr(ints("1e3")), False),
+    (attr(ints("")), False),
+    (attr(ints("1", "x")), False),
+    (attr(ints("99999999999999999999999999")), True),
+    (attr({"arrayValue": {"values": [{"intValue": 1}, {"intValue": "2"}]}}), True),
+    (attr({"arrayValue": {"values": [{"intValue": "1", "stringValue": "s"}]}}), False),
+    (attr({"arrayValue": {"values": [{"intValue": "1"}, {"stringValue": "s"}]}}), True),
+    (attr({"arrayValue": {"values": [{"stringValue": "a"}, {"stringValue": None}]}}), True),
+    (attr({"arrayValue": {"values": [{"doubleValue": 1.5}, {"doubleValue": 2}]}}), True),
+    (attr({"arrayValue": {"values": [{"boolValue": True}, {}]}}), True),
+    (attr({"arrayValue": {"values": [{"arrayValue": {"values": [{"intValue": "3"}]}}]}}), True),
+    (attr({"arrayValue": {"values": [5]}}), False),
+    (attr({"arrayValue": {"values": []}}), True),
+    (attr({"arrayValue": {"values": None}}), True),
+    (attr({"arrayValue": {}}), True),
+    (attr({"arrayValue": None}), True),
+    (attr({"arrayValue": []}), False),
+    (attr({"arrayValue": {"values": [{"intValue": "1"}], "x": 1}}), True),
+]
+
+
+@pytest.mark.parametrize(("raw", "fast"), ODD_SPANS)
 def test_odd_spans_decode_alike(raw: bytes, fast: bool) -> None:
     check(raw, fast=fast)
 
 
-@pytest.mark.parametrize(
-    "raw",
-    [
-        b'{"traceId":"' + TID.encode() + b'","spanId":"' + SID.encode() + b'",'
-        b'"name":"x","startTimeUnixNano":"1","name":"y"}',  # a repeated key: the last
-        b'{"traceId":"' + TID.encode() + b'","spanId":"' + SID.encode() + b'",'
-        b'"name":"x","startTimeUnixNano":"1","attributes":[{"key":"a","value":'
-        b'{"stringValue":"\\ud800"}}]}',  # a lone surrogate
-        b'{"traceId":"' + TID.encode() + b'","spanId":"' + SID.encode() + b'",'
-        b'"name":"x","startTimeUnixNano":"1","attributes":[{"key":"a","value":'
-        b'{"doubleValue":NaN}}]}',  # not JSON, but json.loads reads it
-        b'{"traceId":"' + TID.encode() + b'","spanId":"' + SID.encode() + b'",'
-        b'"name":"x","startTimeUnixNano":"1","attributes":[{"key":"a","value":'
-        b'{"arrayValue":{"values":[{"intValue":"1"} , {"intValue":"2"}]}}}]}',  # blanks
-        b"[]",
-        b"null",
-        b'"span"',
-    ],
-)
+# raw spans that are odd as JSON text
+ODD_TEXTS = [
+    b'{"traceId":"' + TID.encode() + b'","spanId":"' + SID.encode() + b'",'
+    b'"name":"x","startTimeUnixNano":"1","name":"y"}',  # a repeated key: the last
+    b'{"traceId":"' + TID.encode() + b'","spanId":"' + SID.encode() + b'",'
+    b'"name":"x","startTimeUnixNano":"1","attributes":[{"key":"a","value":'
+    b'{"stringValue":"\\ud800"}}]}',  # a lone surrogate
+    b'{"traceId":"' + TID.encode() + b'","spanId":"' + SID.encode() + b'",'
+    b'"name":"x","startTimeUnixNano":"1","attributes":[{"key":"a","value":'
+    b'{"doubleValue":NaN}}]}',  # not JSON, but json.loads reads it
+    b'{"traceId":"' + TID.encode() + b'","spanId":"' + SID.encode() + b'",'
+    b'"name":"x","startTimeUnixNano":"1","attributes":[{"key":"a","value":'
+    b'{"arrayValue":{"values":[{"intValue":"1"} , {"intValue":"2"}]}}}]}',  # blanks
+    b"[]",
+    b"null",
+    b'"span"',
+]
+
+
+@pytest.mark.parametrize("raw", ODD_TEXTS)
 def test_odd_documents_decode_alike(raw: bytes) -> None:
     check(raw)
+
+
+def read_line(line: bytes, *, fast: bool) -> tuple[Any, ...]:
+    """What one line hands a `Decoder`'s sink and its stats: through `document_line`
+    (`fast`; None where it leaves the line to the other way) or `Decoder.document`."""
+    got: list[Span] = []
+    stats = LoadStats()
+    decoder = Decoder(got.append, stats)
+    if fast:
+        n: Any = otlp_fast.document_line(line, decoder)
+    else:
+        try:
+            n = decoder.document(json.loads(line))
+        except Exception as exc:  # compared with the typed path's outcome
+            n = type(exc)
+    return n, repr(got), stats.to_json(), stats.errors
+
+
+def check_line(line: bytes, *, fast: bool | None = None) -> None:
+    """`document_line` hands the sink what `Decoder.document` does, with the same
+    counts and notes, or leaves the line untouched; `fast`: whether it must not leave
+    it."""
+    got = read_line(line, fast=True)
+    if got[0] is None:
+        assert got[1:] == read_line(b"{}", fast=False)[1:], line  # nothing handed or counted
+        assert fast is not True, line
+    else:
+        assert got == read_line(line, fast=False), line
+        assert fast is not False, line
+
+
+def line_of(*spans: bytes, resource: bytes = b'{"attributes":[]}', scope: bytes = b"{}") -> bytes:
+    return (
+        b'{"resourceSpans":[{"resource":' + resource + b',"scopeSpans":[{"scope":' + scope
+        + b',"spans":[' + b",".join(spans) + b"]}]}]}"
+    )  # fmt: skip
+
+
+def test_real_and_synthetic_lines_read_alike() -> None:
+    """Whole lines as exporters write them (several resources and spans a line)."""
+    run = synthetic.generate(40, seed=3, batch=4)
+    with gzip.open(REAL, "rb") as fh:
+        lines = [ln for ln in fh.read().split(b"\n") if ln.strip()]
+    lines += [json.dumps(d).encode() for d in run.documents]
+    for line in lines:
+        check_line(line, fast=True)
+    assert len(lines) > 100
+
+
+@pytest.mark.parametrize(("raw", "fast"), ODD_SPANS)
+def test_lines_of_odd_spans_read_alike(raw: bytes, fast: bool) -> None:
+    """An odd span beside a plain one: the line is read span by span as `Decoder`
+    reads it (one span that does not decode is counted, the other kept)."""
+    check_line(line_of(span(), raw), fast=True)
+
+
+@pytest.mark.parametrize("raw", ODD_TEXTS)
+def test_lines_of_odd_texts_read_alike(raw: bytes) -> None:
+    check_line(line_of(raw, span()))
+
+
+res_attr = b'{"attributes":[{"key":"service.name","value":{"stringValue":"s"}}]}'
+
+
+@pytest.mark.parametrize(
+    ("line", "fast"),
+    [
+        (line_of(span(), resource=res_attr), True),
+        (line_of(span(), resource=b"null"), True),
+        (line_of(span(), resource=b"{}"), True),
+        (line_of(span(), resource=b'{"attributes":null}'), True),
+        (line_of(span(), resource=b"5"), True),  # counted malformed, as `Decoder` does
+        (line_of(span(), resource=b'"r"'), True),
+        (line_of(span(), resource=b"[]"), True),
+        (line_of(span(), resource=b'{"attributes":{}}'), True),
+        (
+            line_of(
+                span(), resource=b'{"attributes":[{"key":"k","value":{"stringValue":"\xff"}}]}'
+            ),
+            False,
+        ),  # not UTF-8: `json.loads` rejects the line
+        (line_of(span(), scope=b'{"name":"\xff"}'), False),
+        (line_of(span(name="\u00e9")), True),  # not ASCII, but UTF-8
+        (line_of(span()).replace(b'"x"', '"\u00e9"'.encode()), True),
+        (line_of(span()).replace(b'"x"', b'"\xe9"'), False),
+        (line_of(span(), scope=b'{"n":NaN}'), False),
+        (line_of(span(), scope=b'{"n":1e400}'), True),
+        (line_of(span(), scope=b'{"n":"\\ud800"}'), False),
+        (line_of(), True),
+        (b'{"resourceSpans":[]}', True),
+        (b'{"resourceSpans":null}', False),
+        (b'{"resourceSpans":{}}', False),
+        (b'{"resourceSpans":[5]}', False),
+        (b'{"resourceSpans":[{"scopeSpans":null}]}', False),
+        (
+            b'{"resourceSpans":[{"instrumentationLibrarySpans":[{"spans":[' + span() + b"]}]}]}",
+            False,
+        ),
+        (b'{"resourceSpans":[{"scopeSpans":[{"spans":null}]}]}', False),
+        (b'{"resourceSpans":[{"scopeSpans":[{"spans":[' + span() + b']}]}],"other":1}', False),
+        (
+            b'{"resourceSpans":[],"resourceSpans":[{"scopeSpans":[{"spans":[' + span() + b"]}]}]}",
+            True,
+        ),  # a repeated key: the last, as `json.loads`
+        (b'{"result":{"resourceSpans":[]}}', False),
+        (b"\xef\xbb\xbf" + line_of(span()), False),  # a byte-order mark
+        (b"[" + line_of(span()) + b"]", False),
+        (b"{}", False),
+        (b"null", False),
+        (line_of(span())[:-2], False),  # torn
+        (line_of(span()) + b" x", False),
+        (line_of(span(), span()), True),  # a span twice: the store drops the second
+    ],
+)
+def test_odd_lines_read_alike(line: bytes, fast: bool) -> None:
+    check_line(line, fast=fast)
+
+
+def test_utf8_lines_are_found_a_block_at_a_time(monkeypatch) -> None:
+    """`Utf8Lines` answers as decoding each line would, with blocks smaller than lines
+    and larger, a character cut by a block's edge, and bytes that are not UTF-8."""
+    lines = [b"plain", "caf\u00e9 \u2603".encode(), b"bad \xff here", b"x" * 40, b"\xe2\x98", b"ok"]
+    buf = b"\n".join(lines * 3)
+    for block in (1, 3, 7, 64, 1 << 20):
+        monkeypatch.setattr(otlp_fast.Utf8Lines, "BLOCK", block)
+        scan = otlp_fast.Utf8Lines(buf, len(buf))
+        pos, got = 0, []
+        for line in lines * 3:
+            got.append(scan.utf8(pos, pos + len(line)))
+            pos += len(line) + 1
+        scan.close()
+        want = []
+        for line in lines * 3:
+            try:
+                line.decode()
+                want.append(True)
+            except UnicodeDecodeError:
+                want.append(False)
+        assert got == want, block
+
+
+def test_a_resource_is_decoded_once_and_shared() -> None:
+    two = b'{"resourceSpans":[' + b",".join(
+        [b'{"resource":' + res_attr + b',"scopeSpans":[{"spans":[' + span() + b"]}]}"] * 2
+    ) + b"]}"  # fmt: skip
+    got: list[Span] = []
+    decoder = Decoder(got.append, LoadStats())
+    assert otlp_fast.document_line(two, decoder) == 2
+    assert otlp_fast.document_line(two, decoder) == 2
+    assert len({id(s.resource) for s in got}) == 1 and got[0].resource.service == "s"
 
 
 def test_packed_spans_unpack_to_the_same_spans() -> None:
@@ -340,8 +493,16 @@ def test_parallel_build_with_odd_spans_equals_analyze(tmp_path: Path) -> None:
     one.append({**one[0], "spanId": "cd" * 8, "name": None, "kind": None})  # malformed
     d = tmp_path / "traces"
     run.write(d)
+    # a line whose scope (which no worker decodes) is not UTF-8: `json.loads` rejects it
+    f = sorted(d.rglob("*.jsonl"))[0]
+    lines = f.read_bytes().split(b"\n")
+    doc = json.loads(lines[1])
+    doc["resourceSpans"][0]["scopeSpans"][0]["scope"] = {"name": "SCOPE"}
+    lines[1] = json.dumps(doc).encode().replace(b"SCOPE", b"\xff")
+    f.write_bytes(b"\n".join(lines))
     store = TraceStore.from_paths([d])
     want = analyze(store, spans=False)
+    assert any("line skipped" in e for e in store.stats.errors)
     index_build.WORKER_PEAK_KB.clear()
     idx = AnalysisIndex([d], parallel=True)
     got = idx.update()

@@ -74,7 +74,7 @@ from tracedpush.analysis.index_store import (
     spans_of,
 )
 from tracedpush.analysis.model import LoadStats, Resource, Span
-from tracedpush.analysis.otlp import Decoder, Malformed, attributes, norm_id
+from tracedpush.analysis.otlp import SPAN_ERRORS, Decoder, Malformed, attributes, norm_id
 from tracedpush.analysis.steps import StepParts
 
 # `idx` below is an `index.AnalysisIndex` (not imported: index imports this module)
@@ -96,28 +96,9 @@ _REPORT_EVERY = 256  # traces between two looks at the clock (at each: 0.1 s a w
 WORKER_PEAK_KB: list[int] = []  # the last build's workers' peak RSS (benchmarks read it)
 # and their CPU seconds: (read, store spans and facts, analyse)
 WORKER_CPU: list[tuple[float, float, float]] = []
-_SPAN_ERRORS = (Malformed, AttributeError, KeyError, TypeError, ValueError)
 _TID_PREFIX = b'{"traceId":"'
 # a span that starts with a plain lowercase hex trace id (its shard is read off it)
 _PLAIN_TID = re.compile(rb'\{"traceId":"([0-9a-f]{32})"')
-
-if msgspec is not None:
-    _NULL = msgspec.Raw(b"null")  # Raw cannot be in a union: an absent field reads as null
-
-    class _Scope(msgspec.Struct, forbid_unknown_fields=True):
-        scope: msgspec.Raw = _NULL
-        spans: list[msgspec.Raw] = []  # noqa: RUF012  (msgspec copies defaults)
-        schemaUrl: msgspec.Raw = _NULL
-
-    class _ResourceSpans(msgspec.Struct, forbid_unknown_fields=True):
-        resource: msgspec.Raw = _NULL
-        scopeSpans: list[_Scope] = []  # noqa: RUF012
-        schemaUrl: msgspec.Raw = _NULL
-
-    class _TracesData(msgspec.Struct, forbid_unknown_fields=True):
-        resourceSpans: list[_ResourceSpans]
-
-    _LINE = msgspec.json.Decoder(_TracesData)
 
 
 def usable(files: Sequence[Path]) -> bool:
@@ -352,30 +333,34 @@ class _Worker:
         """The lines of one mapped file; the pages read are dropped from this process
         every `_DROP_EVERY` bytes (mapped pages count in its resident size)."""
         view, pos, line_no, ok, dropped, find = memoryview(mm), 0, 0, 0, 0, mm.find
-        while pos < end:
-            nl = find(b"\n", pos, end)
-            if nl < 0:
-                nl = end
-            line = view[pos:nl]  # msgspec reads it (and its Raw spans) uncopied
-            pos = nl + 1
-            try:
-                doc = _LINE.decode(line)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                if not bytes(line).strip():
+        utf8 = otlp_fast.Utf8Lines(mm, end)  # a line that is not: `json.loads`'s to reject
+        try:
+            while pos < end:
+                nl = find(b"\n", pos, end)
+                if nl < 0:
+                    nl = end
+                line = view[pos:nl]  # msgspec reads it (and its Raw spans) uncopied
+                try:
+                    doc = otlp_fast.LINE.decode(line) if utf8.utf8(pos, nl) else None
+                except otlp_fast.LINE_ERRORS:
+                    doc = None
+                pos = nl + 1
+                if doc is None and not bytes(line).strip():
                     continue
-                doc = None
-            line_no += 1
-            ok += self._line(f, fi, line_no, line, doc)
-            if pos - dropped > _DROP_EVERY:
-                upto = pos & ~(mmap.PAGESIZE - 1)
-                mm.madvise(mmap.MADV_DONTNEED, dropped, upto - dropped)
-                dropped = upto
-                if self.shard == 0:
-                    self.report(READ, self._read_before + pos, self._read_total)
+                line_no += 1
+                ok += self._line(f, fi, line_no, line, doc)
+                if pos - dropped > _DROP_EVERY:
+                    upto = pos & ~(mmap.PAGESIZE - 1)
+                    mm.madvise(mmap.MADV_DONTNEED, dropped, upto - dropped)
+                    dropped = upto
+                    if self.shard == 0:
+                        self.report(READ, self._read_before + pos, self._read_total)
+        finally:
+            utf8.close()
         return ok
 
     def _line(
-        self, f: Path, fi: int, line_no: int, line: memoryview, doc: _TracesData | None
+        self, f: Path, fi: int, line_no: int, line: memoryview, doc: otlp_fast.TracesData | None
     ) -> int:
         lead = self.shard == 0
         if lead:
@@ -408,7 +393,7 @@ class _Worker:
                     if got is None:
                         try:
                             span = decode(json.loads(bytes(one)), res)
-                        except _SPAN_ERRORS as exc:
+                        except SPAN_ERRORS as exc:
                             self.stats.malformed += 1
                             self.stats.note(f"span skipped: {exc}")
                             continue

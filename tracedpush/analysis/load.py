@@ -23,6 +23,11 @@ from tracedpush.analysis._gc import paused_gc
 from tracedpush.analysis.model import LoadStats, Span
 from tracedpush.analysis.otlp import Decoder, Malformed
 
+try:
+    from tracedpush.analysis.otlp_fast import document_line
+except ImportError:  # pragma: no cover - without msgspec every line goes through json
+    document_line = None  # type: ignore[assignment]
+
 _CHUNK = 8 << 20  # bytes read per system call on big files
 _SUFFIXES = (".jsonl", ".json")
 
@@ -131,12 +136,14 @@ class FileSource:
         self, f: Path, st: _FileState, block: bytes, decoder: Decoder, stats: LoadStats
     ) -> None:
         bad: list[bytes] = []
+        fast = document_line
         for line in block.split(b"\n"):
             if not line.strip():
                 continue
             stats.lines_read += 1
             try:
-                decoder.document(json.loads(line))
+                if fast is None or fast(line, decoder) is None:
+                    decoder.document(json.loads(line))
                 st.lines_ok += 1
             except (ValueError, Malformed, TypeError, AttributeError, KeyError) as exc:
                 bad.append(line)

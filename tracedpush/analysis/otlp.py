@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from tracedpush import semconv
@@ -149,6 +149,10 @@ def _camelize(obj: Any) -> Any:
     return obj
 
 
+# what decoding one span may raise: the span is counted malformed and skipped
+SPAN_ERRORS = (Malformed, AttributeError, KeyError, TypeError, ValueError)
+
+
 class Decoder:
     """Turns documents into spans; interns resources so spans share them."""
 
@@ -156,6 +160,8 @@ class Decoder:
         self.sink = sink
         self.stats = stats
         self._resources: dict[tuple[str, str, str, str], Resource] = {}
+        # a resource's raw JSON -> what `resource` made of it (`otlp_fast.document_line`)
+        self.raw_resources: dict[bytes, Resource] = {}
 
     # ------------------------------------------------------------------ resources
     def resource(self, attrs: dict[str, Any]) -> Resource:
@@ -199,7 +205,6 @@ class Decoder:
     def traces_data(self, resource_spans: Any) -> int:
         n = 0
         stats = self.stats
-        sink = self.sink
         for rs in resource_spans or ():
             try:
                 res = self.resource(attributes((rs.get("resource") or {}).get("attributes")))
@@ -208,15 +213,25 @@ class Decoder:
                 stats.malformed += 1
                 continue
             for ss in scopes:
-                for s in ss.get("spans") or ():
-                    try:
-                        span = self.span(s, res)
-                    except (Malformed, AttributeError, KeyError, TypeError, ValueError) as exc:
-                        stats.malformed += 1
-                        stats.note(f"span skipped: {exc}")
-                        continue
-                    sink(span)
-                    n += 1
+                n += self.spans(ss.get("spans") or (), res, self.span)
+        return n
+
+    def spans(
+        self, raw: Iterable[Any], res: Resource, decode: Callable[[Any, Resource], Span]
+    ) -> int:
+        """Each span of one scope, by `decode`, to the sink; one that does not decode is
+        counted and skipped. How many went to the sink."""
+        n = 0
+        stats, sink = self.stats, self.sink
+        for s in raw:
+            try:
+                span = decode(s, res)
+            except SPAN_ERRORS as exc:
+                stats.malformed += 1
+                stats.note(f"span skipped: {exc}")
+                continue
+            sink(span)
+            n += 1
         return n
 
     @staticmethod
