@@ -262,3 +262,32 @@ def test_a_missing_one_of_several_paths_is_reported(
     assert store.last_error == f"{tmp_path / 'gone'}: no such file or directory"
     with pytest.raises(ValueError, match="no trace paths"):
         TraceStore.from_paths([])
+
+
+def test_lines_read_by_msgspec_give_what_json_gives(tmp_path: Path, monkeypatch) -> None:
+    """A real run's file, a synthetic run's, and a file of odd lines (torn, wrong shape,
+    not UTF-8, a bad span), read as a store with `otlp_fast.document_line` and with
+    `json.loads` alone: the same analysis, the same load counts and notes."""
+    import gzip
+
+    from tracedpush.analysis import load
+
+    real = Path(__file__).resolve().parent.parent / "data" / "real-run.jsonl.gz"
+    (tmp_path / "real.jsonl").write_bytes(gzip.decompress(real.read_bytes()))
+    run = synthetic.generate(30, seed=6, batch=8)
+    run.write(tmp_path / "synthetic")
+    good = _lines(run)
+    bad_span = json.loads(good[1])
+    bad_span["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["startTimeUnixNano"] = "soon"
+    odd = [good[0][:100], json.dumps({"hello": 1}), json.dumps(bad_span), good[2]]
+    not_utf8 = good[3].encode().replace(b'"name"', b'"n\xffame"', 1)
+    (tmp_path / "odd.jsonl").write_bytes("\n".join(odd).encode() + b"\n" + not_utf8 + b"\n")
+
+    def read() -> tuple[str, dict, list[str]]:
+        store = TraceStore.from_path(tmp_path)
+        return repr(analyze(store).requests), store.stats.to_json(), store.stats.errors
+
+    fast = read()
+    monkeypatch.setattr(load, "document_line", None)
+    assert read() == fast
+    assert fast[1]["malformed"] >= 4 and fast[1]["spans"] > 1000
