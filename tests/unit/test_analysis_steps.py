@@ -454,7 +454,8 @@ def test_extended_steps_equal_steps_joined_at_once(
     `_spread_docs` moves step times, not span times, so spans arrive an hour apart).
     A 20 ms slack leaves most steps as they were.
     What TPOT breakdowns keep of the steps (`TpotSteps`), made from the last ones at
-    each refresh, equals them made afresh, and so do the windows where they changed."""
+    each refresh, equals them made afresh, and so do the windows where they changed.
+    The extended steps are laid out in memory as the joined ones (`_head_then`)."""
     import dataclasses
     import itertools
     import pickle
@@ -527,6 +528,8 @@ def test_extended_steps_equal_steps_joined_at_once(
             for eid, c in want.columns.items():
                 assert c.dtype == got.columns[eid].dtype
                 assert (c == got.columns[eid]).all() and c.shape == got.columns[eid].shape, eid
+                # laid out alike too (a copy that changes the layout transposes every step)
+                assert c.flags.f_contiguous == got.columns[eid].flags.f_contiguous, eid
             assert got.samples == want.samples
             assert got.engines == want.engines and got.spans == want.spans
             assert [(r, role) for r, role in got.origins] == list(dict.fromkeys(want.origins))

@@ -270,7 +270,7 @@ def _shifted(
 ) -> Columns:
     """Start, end and scheduled time moved by `sign` * their origin's offset (in a copy,
     else in `c`); `per_step`: `offsets` are already each step's."""
-    out = c.copy() if copy else c
+    out = c.copy(order="K") if copy else c  # in its layout: see `_head_then`
     d = (offsets if per_step else offsets[c[ORIGIN]]) * sign
     out[START] += d
     out[END] += d
@@ -351,7 +351,7 @@ def extend(
     stays = ~(np.isin(tail[SEQ], seqs) & (raw_start >= lo))
     region = np.concatenate([tail[:, stays], fresh], axis=1)
     region = region[:, np.lexsort((region[SEQ], region[START]))]
-    return np.concatenate([placed[:, :k], region], axis=1), k, recent_after(pool, since, slack_ns)
+    return _head_then(placed, k, region), k, recent_after(pool, since, slack_ns)
 
 
 def recent_after(pool: Columns, since: int, slack_ns: int) -> tuple[Columns, int]:
@@ -420,7 +420,20 @@ def _extend_spread(
     fresh = joined[:, int(np.searchsorted(joined[START], cut, side="left")) :]
     region = np.concatenate([tail[:, raw[START] < cut], _shifted(fresh, offsets, -1)], axis=1)
     region = region[:, np.lexsort((region[SEQ], region[START]))]
-    return np.concatenate([placed[:, :k], region], axis=1), k
+    return _head_then(placed, k, region), k
+
+
+def _head_then(placed: Columns, k: int, region: Columns) -> Columns:
+    """The first `k` steps of `placed`, then `region`, in a new table laid out step by
+    step (Fortran order), as the joined and placed steps are: numpy lays out a gather
+    (`x[:, ix]`: `join`, `place`) with the gathered axis first in memory. A concatenate
+    lays its output out field by field, so copying the kept steps transposed every
+    one: 0.2-0.8 s for a decode engine's 2 million steps at 200,000 requests, where a
+    copy in their own layout takes 0.02 s; and every extension copies them."""
+    out = np.empty((len(FIELDS), k + region.shape[1]), np.int64, order="F")
+    out[:, :k] = placed[:, :k]
+    out[:, k:] = region
+    return out
 
 
 def _spread_near(
