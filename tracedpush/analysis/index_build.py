@@ -74,7 +74,7 @@ from tracedpush.analysis.index_store import (
     spans_of,
 )
 from tracedpush.analysis.model import LoadStats, Resource, Span
-from tracedpush.analysis.otlp import SPAN_ERRORS, Decoder, Malformed, attributes, norm_id
+from tracedpush.analysis.otlp import SPAN_ERRORS, Decoder, Malformed, norm_id
 from tracedpush.analysis.steps import StepParts
 
 # `idx` below is an `index.AnalysisIndex` (not imported: index imports this module)
@@ -408,8 +408,7 @@ class _Worker:
         key = bytes(raw)
         got = self._res_raw.get(key)
         if got is None:
-            doc = json.loads(key)
-            res = self.decoder.resource(attributes((doc or {}).get("attributes")))
+            res = otlp_fast.resource(key, self.decoder)
             got = self._res_raw[key] = (res, self._ix(res))
         return got
 

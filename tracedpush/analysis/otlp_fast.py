@@ -232,21 +232,27 @@ def document_line(line: bytes, decoder: Decoder) -> int | None:
         return None
     stats = decoder.stats
     stats.documents += 1
-    known = decoder.raw_resources
     n = 0
     for rs in doc.resourceSpans:
-        raw = bytes(rs.resource)
-        res = known.get(raw)
-        if res is None:
-            try:  # `Decoder.traces_data`'s expression
-                res = decoder.resource(attributes((json.loads(raw) or {}).get("attributes")))
-            except (AttributeError, KeyError, TypeError, ValueError):
-                stats.malformed += 1
-                continue
-            known[raw] = res
+        try:
+            res = resource(bytes(rs.resource), decoder)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            stats.malformed += 1
+            continue
         for ss in rs.scopeSpans:
             n += decoder.spans(ss.spans, res, span)
     return n
+
+
+def resource(raw: bytes, decoder: Decoder) -> Resource:
+    """The `Resource` of a ``resource`` field's raw JSON, as `Decoder.traces_data` makes
+    it (and raises where it would count the resource malformed), each text decoded
+    once (`Decoder.raw_resources`)."""
+    got = decoder.raw_resources.get(raw)
+    if got is None:
+        got = decoder.resource(attributes((json.loads(raw) or {}).get("attributes")))
+        decoder.raw_resources[raw] = got
+    return got
 
 
 def _attributes(kvs: list[_KeyValue] | None) -> dict[str, Any]:
