@@ -55,10 +55,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from bench_report import CHUNK, _replay_synthetic, _spans_bytes, _synthetic
 
+from tracedpush.analysis import load as load_mod
 from tracedpush.analysis.index_build import _peak_kb, _Worker
 from tracedpush.analysis.load import FileSource, TraceStore
 from tracedpush.analysis.model import Span
@@ -85,16 +87,25 @@ ENGINES = (
     Engine(
         REFERENCE,
         "tracedpush TraceStore",
-        "json.loads per line + otlp.Decoder -> Span objects, dict by trace id "
-        "(the sequential load, `TraceStore.from_path`)",
+        "msgspec typed lines (otlp_fast.document_line) -> Span objects, dict by trace id "
+        "(the sequential load and a Live refresh's read, `TraceStore.from_path`)",
         ("msgspec",),
         ("msgspec",),
     ),
     Engine(
+        "store-json",
+        "tracedpush TraceStore, json.loads",
+        "the same with json.loads per line + otlp.Decoder (as before 2026-12-07, and "
+        "for any line document_line leaves to it)",
+        (),
+        (),
+    ),
+    Engine(
         "worker",
         "tracedpush index worker",
-        "msgspec typed lines, spans raw, then json.loads + Decoder.span per span -> Span, "
-        "dict by trace id (one index-build worker given every shard)",
+        "msgspec typed lines, spans raw, each decoded typed (otlp_fast.fields) and packed "
+        "to a spill file, then read back -> Span, dict by trace id (one index-build worker "
+        "given every shard)",
         ("msgspec",),
         ("msgspec",),
     ),
@@ -205,12 +216,27 @@ class StoreRunner(_SpanDicts):
         return TraceStore.from_path(directory).traces
 
 
+class JsonStoreRunner(_SpanDicts):
+    def load(self, files: list[Path], directory: Path) -> dict[str, dict[str, Span]]:
+        load_mod.document_line = None  # every line through json.loads and `Decoder`
+        return TraceStore.from_path(directory).traces
+
+
+def _worker(directory: Path) -> _Worker:
+    """An index-build worker given every shard, its spill file in `directory` (it asks
+    the index only for that)."""
+    return _Worker(SimpleNamespace(dir=directory), 0, 1)
+
+
 class WorkerRunner(_SpanDicts):
     def load(self, files: list[Path], directory: Path) -> dict[str, dict[str, Span]]:
         gc.disable()  # as the build's workers run
-        w = _Worker(None, 0, 1)
+        w = _worker(directory)
         w.read([(f, f.stat().st_size) for f in files])
-        return w.spans
+        # the worker spills each span's packed record as it reads it: its spans read back
+        out = {tid: {s.span_id: s for s in spans} for tid, _p, spans in w.traces(list(w.spans))}
+        w.close()
+        return out
 
 
 class ScanRunner(Runner):
@@ -225,9 +251,10 @@ class ScanRunner(Runner):
             seen[0] += 1
             return False
 
-        w = _Worker(None, 0, 1)
+        w = _worker(directory)
         w.mine = mine
         w.read([(f, f.stat().st_size) for f in files])
+        w.close()
         return seen[0]
 
     def facts(self, data: int) -> dict[str, Any]:
@@ -443,6 +470,7 @@ class ArrowRunner(Runner):
 
 RUNNERS: dict[str, Callable[[], Runner]] = {
     REFERENCE: StoreRunner,
+    "store-json": JsonStoreRunner,
     "worker": WorkerRunner,
     "scan": ScanRunner,
     "duckdb": DuckRunner,
