@@ -2,7 +2,9 @@
 
 Real engines check it on every /v1 route. P here accepts two keys and D one of them; the
 launcher gives the proxy the one both accept (in its environment, ``VLLM_API_KEY``), and
-no log holds a key. The proxy's own calls must send it: the model
+no log holds a key. D's one key goes in D's environment too (the launcher takes it off
+the command line, which any user of the host can read); P's two must stay on P's, and
+the launcher says so. The proxy's own calls must send it: the model
 catalog it learns as it starts (else the first request waits for a lookup, with the
 client's key) and, with ``--kv-discovery probe``, the 1-token prefill that asks P for
 its NIXL coordinates (else push learns them only from P's first answer). A client's key
@@ -24,6 +26,7 @@ the session's engines lock.
 from __future__ import annotations
 
 import json
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -35,6 +38,7 @@ from tracedpush import semconv as sc
 from tracedpush.analysis import TraceStore, analyze, phases
 from tracedpush.bench.workload import PromptMaker, run_workload
 from tracedpush.launcher import Deployment
+from tracedpush.launcher.processes import session_members
 from tracedpush.testing.unpinned import check_flushed, push_config
 
 KEY = "tp-e2e-key"
@@ -58,6 +62,14 @@ def _status(url: str, body: dict | None = None, key: str | None = None) -> int:
         return err.code
 
 
+def _cmdline(pid: int) -> str:
+    """A process's command line as any user of the host reads it ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def test_the_proxy_sends_the_engines_key_and_clients_keys_pass_through(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -70,8 +82,15 @@ def test_the_proxy_sends_the_engines_key_and_clients_keys_pass_through(
     )
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     prompts = PromptMaker(config.model, seed=3).mix([128, 512], 3)
-    with Deployment(config) as d:
+    said: list[str] = []
+    with Deployment(config, log=lambda m: (said.append(m), print(m, file=sys.stderr))) as d:
         ready = time.monotonic()  # the probe went out as the proxy started
+        # D's one key is in its environment, on no command line any user of the host can
+        # read (D checks it: below); P's two keys stay on P's, and the launcher says so
+        decode = next(p for p in d.processes if p.name == "decode")
+        tree = session_members({decode.pid})
+        assert tree and [pid for pid in tree if KEY in _cmdline(pid)] == [], tree
+        assert any("prefill: its 2 API keys stay on its command line" in m for m in said), said
         body = {"model": d.model_name, "prompt": "no key", "max_tokens": 2}
         assert _status(f"{d.proxy_url}/v1/completions", body) == 401
         assert _status(f"{d.proxy_url}/v1/models") == 401

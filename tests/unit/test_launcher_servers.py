@@ -237,6 +237,33 @@ def test_the_api_keys_an_engine_accepts(args: tuple[str, ...], env: dict, keys: 
     assert servers.api_keys(args, env) == keys
 
 
+_TWO_KEYS = ("--api-key", "a", "--api-key", "b", "c")
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "argv", "key"),
+    [
+        (("--port", "1"), {"VLLM_API_KEY": "e"}, ["--port", "1"], "e"),  # no flag: as it was
+        (("--api-key", "a", "--port", "1"), {}, ["--port", "1"], "a"),
+        (("--api_key=a", "--port", "1"), {"VLLM_API_KEY": "e"}, ["--port", "1"], "a"),
+        (("--api-key", "a", "b", "--api-key", "c"), {}, [], "c"),  # the last flag's wins
+        (("--api-key=", "--port", "1"), {"VLLM_API_KEY": "e"}, ["--port", "1"], ""),  # none
+        # several keys, or none given: vLLM's to take or refuse, on the command line
+        (_TWO_KEYS, {}, [*_TWO_KEYS], None),
+        (("--api-key", "--port", "1"), {}, ["--api-key", "--port", "1"], None),
+    ],
+)  # fmt: skip
+def test_one_api_key_moves_from_the_command_line_to_the_environment(
+    args: tuple[str, ...], env: dict, argv: list[str], key: str | None
+):
+    """The key vLLM would take, where only the engine's own user can read it: what the
+    engine accepts (`api_keys`, as vLLM decides) is the same either way."""
+    moved_argv, moved_env = servers.key_in_env(args, env)
+    assert moved_argv == argv
+    assert moved_env.get("VLLM_API_KEY") == (env.get("VLLM_API_KEY") if key is None else key)
+    assert servers.api_keys(moved_argv, moved_env) == servers.api_keys(args, env)
+
+
 def test_secret_flag_values_are_redacted_for_logs():
     argv = ["vllm", "--api-key", "a", "b", "--port", "1", "--hf_token=t", "--model", "m"]
     assert servers.redacted(argv) == [
@@ -259,6 +286,11 @@ def test_the_proxy_gets_a_key_both_roles_accept(
     d = proxy(prefill_args=("--api-key", "p", "both"), decode_args=("--api-key", "both", "d"))
     proc, env = d.proxy_process()
     assert env["VLLM_API_KEY"] == "both" and "both" not in proc.argv
+    # an engine's one key goes in its environment too; several stay (the variable holds one)
+    one = proxy(prefill_args=("--api-key", "p"), decode_args=("--api-key", "p", "d"))
+    (p, p_env), (dec, d_env) = (one.engine_process(e) for e in one.engines)
+    assert "p" not in p.argv and "--api-key" not in p.argv and p_env["VLLM_API_KEY"] == "p"
+    assert dec.argv[-3:] == ["--api-key", "p", "d"] and "VLLM_API_KEY" not in d_env
     assert proxy(engine_args=("--api-key=k",)).proxy_process()[1]["VLLM_API_KEY"] == "k"
     assert "VLLM_API_KEY" not in proxy().proxy_process()[1]
     # one role needs none: the other's key (D ignores a key it does not need)

@@ -421,6 +421,11 @@ class Deployment:
                 f"{e.name}: pid {proc.pid}, {e.url}, {_cores_note(proc, env)}, "
                 f"NIXL side channel {e.host}:{e.side_channel_port}, log {proc.log_path}"
             )
+            if keys := servers.api_keys(proc.argv, {}):
+                self.log(
+                    f"{e.name}: its {len(keys)} API keys stay on its command line, which "
+                    f"every user of this host can read ({servers.API_KEY_ENV} holds one key)"
+                )
         wait_healthy(engines, c.startup_timeout, self._progress(t0))
         self.log(f"engines healthy after {time.monotonic() - t0:.0f}s")
         if c.start_proxy:
@@ -462,6 +467,7 @@ class Deployment:
             **self._otlp_env(),
             **c.env,
         }
+        argv, env = servers.key_in_env(argv, env)  # a key in argv: any user's to read
         proc = ManagedProcess(
             e.name,
             argv,

@@ -256,6 +256,27 @@ def api_keys(args: Sequence[str], env: Mapping[str, str]) -> list[str]:
     return [k for k in keys if k]
 
 
+def key_in_env(argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """An engine's ``--api-key`` moved off its command line, which every user of the host
+    can read (``/proc/PID/cmdline``, ``ps``), into its environment (`API_KEY_ENV`, which
+    only its own user can read), where vLLM's server reads it too. The key vLLM would
+    take is the one moved: the last ``--api-key``'s, which wins over the variable, so
+    every ``--api-key`` goes. Several keys (``--api-key A B``) stay where they are: the
+    variable holds one. A flag without a value stays too, for vLLM to refuse."""
+    args, env = list(argv), dict(env)
+    flags = [(i, arg) for i, (flag, _, arg) in enumerate(vllm_flags(args)) if flag == API_KEY_FLAG]
+    if not flags:
+        return args, env
+    places = [(i, 1 if "=" in arg else 1 + len(_values(args, i))) for i, arg in flags]
+    i, n = places[-1]
+    last = [args[i].partition("=")[2]] if "=" in args[i] else args[i + 1 : i + n]
+    if len(last) != 1:
+        return args, env
+    drop = {j for i, n in places for j in range(i, i + n)}
+    env[API_KEY_ENV] = last[0]
+    return [a for j, a in enumerate(args) if j not in drop], env
+
+
 def _values(args: list[str], i: int) -> list[str]:
     """The values after the flag at `i` for a flag that takes one or more (``nargs="+"``,
     as ``--api-key``): every argument up to the next flag."""
