@@ -27,8 +27,10 @@ whose code may change while this runs (``.`` sees edits in progress). The stages
   chart's traces, counted) is the output compared. Needs a side whose console
   takes ``--index-dir`` (from 2026-12-05); no browser (bench_console.py times Chromium);
 * ``live``: a Live refresh, the console's: a process opens a warm index of the run
-  and an empty directory beside it, then appends three slices of a later synthetic run
-  (+60, +240, +2,040 requests, with their engine steps) to that directory and times
+  and an empty directory beside it, then appends slices of a later synthetic run
+  (+60, +240, +2,040 requests, with their engine steps; ``--live-slices 60x20``: twenty
+  of +60, a console left open, which reaches the merge of the index's kept segments)
+  to that directory and times
   `update(reanalyse_at_most=index.LIVE_REANALYSE)` after each (the stage's figure: their
   sum), then one more with nothing new (``pause``: where a Live index writes its engine
   steps, with their summary and contention). Each side's index of the run is built
@@ -272,12 +274,28 @@ def _remove(side: Side) -> None:
         _git("worktree", "remove", "--force", str(side.code))
 
 
-def _prepare_live(sides: list[Side], traces: Path, tmp: Path) -> Live:
+def _slices(text: str) -> tuple[int, ...]:
+    """``--live-slices``: "60,240" or "60x20" (twenty appends of 60 requests)."""
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            n, x, times = part.partition("x")
+            k = int(times) if x else 1
+            if int(n) < 1 or k < 1:
+                raise argparse.ArgumentTypeError(f"{text!r}: every append needs a request")
+            out += [int(n)] * k
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not N,N,... nor NxK") from None
+    return tuple(out)
+
+
+def _prepare_live(
+    sides: list[Side], traces: Path, tmp: Path, sizes: tuple[int, ...] = LIVE_SLICES
+) -> Live:
     """The slices `_LIVE` appends (a synthetic run ten minutes after the run's end, cut
     by time, as `bench_report`'s Live stage with engine steps makes them, with new ids),
     and each side's index of the run with the appends' directory still empty, built
     once by its own code."""
-    sizes = LIVE_SLICES
     # a seed no earlier append used: bench_report's Live stages append seeds 7-10 to the
     # run they keep, and a slice with their ids would add no request (the same spans)
     seed = int(time.time())
@@ -452,6 +470,15 @@ def main(argv: list[str] | None = None) -> int:
         choices=STAGES,
         help="what to time (repeatable; default: warm, json and compare)",
     )
+    ap.add_argument(
+        "--live-slices",
+        type=_slices,
+        default=LIVE_SLICES,
+        metavar="N,N,...",
+        help="live: the requests of each append, or NxK for K appends of N (a console "
+        "left open: 60x20 reaches the merge of the index's kept segments); default "
+        + ",".join(map(str, LIVE_SLICES)),
+    )
     ap.add_argument("--rounds", type=int, default=1, help="A B B A this many times")
     ap.add_argument("--calls", type=int, default=3, help="compare: calls per measurement")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON to write (%(default)s)")
@@ -476,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, rev in (("A", args.a), ("B", args.b)):
                 sides.append(_checkout(name, rev, tmp))
             calibration = [_calibration_s()]
-            live = _prepare_live(sides, traces, tmp) if "live" in stages else None
+            live = _prepare_live(sides, traces, tmp, args.live_slices) if "live" in stages else None
             if any(s in _WARM_INDEX for s in stages):
                 for side in sides:  # the warm stages' index, built once per side
                     print(f"building {side.name}'s index", flush=True)

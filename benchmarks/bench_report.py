@@ -26,7 +26,9 @@ process traces; a third follows new requests that move the clock offsets (their 
 clock 1 ms ahead of the run's), analysing at most the console's 2,000 earlier requests
 again per refresh; a fourth follows a short run whose step numbers repeat within
 seconds, then a later one (whether each update extended the kept steps or joined every
-step again). Figures are printed and written to docs/benchmarks/report.json.
+step again); a fifth is a console left open for twenty refreshes of +60 requests, which
+reach the merge of the index's kept segments. Figures are printed and written to
+docs/benchmarks/report.json.
 
     python benchmarks/bench_report.py --requests 200000 [--baseline] [--keep DIR]
 """
@@ -450,6 +452,16 @@ def _live_restarted(directory: Path, start_s: float) -> list[dict[str, Any]]:
     return _appends(directory / "grown-restarted", directory, short + later)
 
 
+def _live_open(directory: Path, start_s: float) -> list[dict[str, Any]]:
+    """One index following a console left open: twenty updates of +60 requests with
+    their engine steps. Every `index._COMPACT_AFTER`-th update merges the segments of
+    kept rows the updates appended: it writes again what changed since the first
+    segment (until that is half the run), not the run (before 2026-12-07 every trace's
+    row: 2.6 s of a +60-request refresh at 200,000 requests, every 16th refresh)."""
+    slices = _sliced((60,) * 20, seed=11, start_unix_s=start_s)
+    return _appends(directory / "grown-open", directory, slices)
+
+
 def _sliced(sizes: tuple[int, ...], **gen: Any) -> list[tuple[int, dict[str, list[str]]]]:
     """A synthetic run (request and process spans; `gen`: `synthetic.generate`'s
     options) of sum(`sizes`) requests cut by time into slices of `sizes` requests:
@@ -564,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     reuse = bool(args.keep and (args.reuse or args.extend) and (args.keep / "real").is_dir())
     if args.keep:
         d = args.keep
-        grown = ("grown", "grown-steps", "grown-moved", "grown-restarted")
+        grown = ("grown", "grown-steps", "grown-moved", "grown-restarted", "grown-open")
         for old in (d / ".tracedpush-index", *(d / g for g in grown)):
             shutil.rmtree(old, ignore_errors=True)
         if d.exists() and not reuse:
@@ -624,6 +636,9 @@ def main(argv: list[str] | None = None) -> int:
         live_restarted = _live_restarted(d, _end_s(d) + 600.0)
         for row in live_restarted:
             print("live, step numbers repeated in a short run", row, flush=True)
+        live_open = _live_open(d, _end_s(d) + 600.0)
+        for row in live_open:
+            print("live, a console left open", row, flush=True)
         calibration.append(_calibration_s())
     finally:
         if tmp:
@@ -648,6 +663,7 @@ def main(argv: list[str] | None = None) -> int:
         "live_refresh_with_engine_steps": live_steps,
         "live_refresh_offsets_moved": {"reanalyse_at_most": LIVE_REANALYSE, "updates": live_moved},
         "live_refresh_step_numbers_repeated": live_restarted,
+        "live_refresh_console_left_open": live_open,
         "machine": {
             "python": platform.python_version(),
             "cpus": os.cpu_count(),

@@ -5,6 +5,7 @@ processes; the timings themselves are not asserted (that is the script's job).""
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -112,6 +113,15 @@ def test_live_stage_follows_the_same_appends_from_the_same_state(
     first = got["a"]["runs"]["live"][0]["updates"][0]
     assert f"+{first['new_spans']} spans, {first['reanalysed']} analysed again" in printed
     assert live["a_pause_s"] > 0 and "pause" in printed
+
+
+def test_live_slices_take_a_list_or_a_repeat() -> None:
+    """``--live-slices``: 60x20 is a console left open for twenty refreshes."""
+    assert bench_abba._slices("60x3,240") == (60, 60, 60, 240)
+    assert bench_abba._slices("7") == (7,)
+    for bad in ("", "60x", "x3", "0", "60x0", "sixty"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench_abba._slices(bad)
 
 
 def test_a_revision_that_is_not_a_commit_stops_before_anything_runs(

@@ -47,7 +47,7 @@ import sqlite3
 import sys
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -1196,35 +1196,63 @@ class AnalysisIndex:
         whole = set(changed) | set(self._stale_saved)  # kept rows that changed
         tpots = [t for t in self._tpot_saved if t not in whole]  # only their breakdown
         if whole or tpots or not state.segments:
-            if (
-                not state.segments  # the first: every trace (a build's too)
-                or state.segments >= _COMPACT_AFTER
-                or len(whole) * 2 > len(self._kept)
-            ):
-                for table in ("kept", "durations", "tpots"):
-                    db.execute(f"DELETE FROM {table}")
-                state.segments = 0
-                part: Iterable[str] = self._kept
-                tpots = []
-            else:
-                part = whole
-                if self._save_all:  # every breakdown redone: these replace all before
+            again = self._rewritten(db, whole, tpots)
+            part: Collection[str]
+            if again is None:  # a segment after the others
+                part, seg = whole, state.segments
+                if self._save_all:
                     db.execute("DELETE FROM tpots")
-                    tpots = [t for t in self._kept if t not in whole]
-            seg = state.segments
-            if part:
-                blob = marshal.dumps({t: self._kept[t].dump() for t in part})
-                db.execute("INSERT INTO kept (seg, v) VALUES (?, ?)", (seg, blob))
-                blob = marshal.dumps({t: self._durations_packed(t) for t in part})
-                db.execute("INSERT INTO durations (seg, v) VALUES (?, ?)", (seg, blob))
+            else:  # the segments from `seg` on, written again as one
+                part, seg = again
+            if self._save_all:  # every breakdown redone: these replace all before
+                tpots = [t for t in self._kept if t not in part]
+            elif again is not None:
+                tpots = []  # in `part`
+            # the durations first: kept only in the rows about to go, after a warm open
+            durations = {t: self._durations_packed(t) for t in part}
+            if again is not None:
+                for table in ("kept", "durations", "tpots"):
+                    db.execute(f"DELETE FROM {table} WHERE seg >= ?", (seg,))
+            if part:  # one blob at a time (124 + 54 MB at 200,000 requests)
+                q = "INSERT INTO durations (seg, v) VALUES (?, ?)"
+                db.execute(q, (seg, marshal.dumps(durations)))
+                del durations
+                kept = marshal.dumps({t: self._kept[t].dump() for t in part})
+                db.execute("INSERT INTO kept (seg, v) VALUES (?, ?)", (seg, kept))
+                del kept
             if tpots:  # breakdowns redone alone (a solo cost moved): 4 numbers a trace
                 blob = marshal.dumps({t: self._kept[t].tpot for t in tpots})
                 db.execute("INSERT INTO tpots (seg, v) VALUES (?, ?)", (seg, blob))
-            state.segments += 1
+            state.segments = seg + 1
         db.execute(
             "INSERT OR REPLACE INTO meta (k, v) VALUES ('state', ?)",
             (pickle.dumps((format_key(), state), protocol=pickle.HIGHEST_PROTOCOL),),
         )
+
+    def _rewritten(
+        self, db: sqlite3.Connection, whole: set[str], tpots: list[str]
+    ) -> tuple[Collection[str], int] | None:
+        """What this save writes again as one segment, and from which segment on; None
+        when it appends one. Every trace from segment 0: the first save, or more than
+        half the traces changed. At `_COMPACT_AFTER` segments, the traces of those after
+        the first, each as it is now (with this save's): from segment 1, so a Live
+        refresh that merges them does work in proportion to what changed since segment 0
+        was written, not to the run, until that is half the traces (then every trace:
+        each whole rewrite follows at least half as many changed traces)."""
+        state = self._state
+        assert state is not None
+        n = len(self._kept)
+        if not state.segments or len(whole) * 2 > n:
+            return self._kept, 0
+        if state.segments < _COMPACT_AFTER:
+            return None
+        since = whole | set(tpots)
+        q = "SELECT v FROM kept WHERE seg > 0 UNION ALL SELECT v FROM tpots WHERE seg > 0"
+        for (blob,) in db.execute(q):
+            since.update(marshal.loads(blob))
+        if len(since) * 2 > n:
+            return self._kept, 0
+        return [t for t in self._kept if t in since], 1  # in the kept order, as a whole write
 
     # ------------------------------------------------------------------ access
     @property
