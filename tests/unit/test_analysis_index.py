@@ -922,17 +922,28 @@ def _durations_of(run: RunAnalysis) -> list[tuple[str, str, str, str, float]]:
     ]
 
 
+@pytest.mark.parametrize("redo_all", [False, True])
 def test_merging_segments_writes_what_changed_since_the_first_not_the_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redo_all: bool
 ) -> None:
     """A Live index appends a segment of kept rows per update, and merges them once
     there are `_COMPACT_AFTER`. The merge writes again the traces of the segments after
     the first, as they are now, not every trace (at 200,000 requests a whole rewrite
     took 2.6 s of a +60-request refresh). Read back, the index equals `analyze()`, its
-    span durations too."""
+    span durations too. `redo_all`: the merging update also redid every TPOT breakdown
+    (a solo cost moved), so every other trace's breakdown is written beside it."""
     from tracedpush.analysis import index as index_mod
 
     monkeypatch.setattr(index_mod, "_COMPACT_AFTER", 4)
+    if redo_all:
+        rewritten = AnalysisIndex._rewritten
+
+        def and_every_breakdown(self: AnalysisIndex, *args: Any) -> Any:
+            if self._state.segments >= index_mod._COMPACT_AFTER:  # type: ignore[union-attr]
+                self._save_all = True
+            return rewritten(self, *args)
+
+        monkeypatch.setattr(AnalysisIndex, "_rewritten", and_every_breakdown)
     d, pieces, roots, period = _copyable_run(tmp_path)
     AnalysisIndex([d]).update()
     idx = AnalysisIndex([d])  # warm: its facts hold no span durations
@@ -950,7 +961,13 @@ def test_merging_segments_writes_what_changed_since_the_first_not_the_run(
             assert [s for s, _ in segments] == list(range(copy_no + 1))
         else:  # 4 segments: the three after the first merged with this update's
             assert [s for s, _ in segments] == list(range(copy_no - 2))
-            assert set(marshal.loads(segments[1][1])) == {t for t in new if t[:4] <= "0004"}
+            merged = set(marshal.loads(segments[1][1]))
+            assert merged == {t for t in new if t[:4] <= "0004"}
+            q = "SELECT seg, v FROM tpots"
+            tpots = [(s, set(marshal.loads(v))) for s, v in idx._connect().execute(q)]
+            if copy_no == 4:  # and the next update appends after them
+                others = [(1, set(idx) - merged)] if redo_all else []
+            assert tpots == others, copy_no
     assert len(new) == 10
     want = reference([d])
     full = analyze(TraceStore.from_paths([d]))

@@ -1205,7 +1205,8 @@ class AnalysisIndex:
             else:  # the segments from `seg` on, written again as one
                 part, seg = again
             if self._save_all:  # every breakdown redone: these replace all before
-                tpots = [t for t in self._kept if t not in part]
+                inside = part if isinstance(part, set | dict) else set(part)
+                tpots = [t for t in self._kept if t not in inside]
             elif again is not None:
                 tpots = []  # in `part`
             # the durations first: kept only in the rows about to go, after a warm open
