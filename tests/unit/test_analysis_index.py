@@ -922,25 +922,27 @@ def _durations_of(run: RunAnalysis) -> list[tuple[str, str, str, str, float]]:
     ]
 
 
-@pytest.mark.parametrize("redo_all", [False, True])
+@pytest.mark.parametrize("redo_all", [None, 2, 4])
 def test_merging_segments_writes_what_changed_since_the_first_not_the_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redo_all: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redo_all: int | None
 ) -> None:
     """A Live index appends a segment of kept rows per update, and merges them once
-    there are `_COMPACT_AFTER`. The merge writes again the traces of the segments after
-    the first, as they are now, not every trace (at 200,000 requests a whole rewrite
+    there are `_COMPACT_AFTER`. The merge writes again the rows of the segments after
+    the first, as they are now, not every trace's (at 200,000 requests a whole rewrite
     took 2.6 s of a +60-request refresh). Read back, the index equals `analyze()`, its
-    span durations too. `redo_all`: the merging update also redid every TPOT breakdown
-    (a solo cost moved), so every other trace's breakdown is written beside it."""
+    span durations too. `redo_all`: the update at that many segments redid every TPOT
+    breakdown (as when a solo cost or the clock offsets move): every other trace's
+    breakdown is written beside its rows, and merged as breakdowns, not as rows."""
     from tracedpush.analysis import index as index_mod
 
     monkeypatch.setattr(index_mod, "_COMPACT_AFTER", 4)
     if redo_all:
-        rewritten = AnalysisIndex._rewritten
+        rewritten, once = AnalysisIndex._rewritten, [redo_all]
 
         def and_every_breakdown(self: AnalysisIndex, *args: Any) -> Any:
-            if self._state.segments >= index_mod._COMPACT_AFTER:  # type: ignore[union-attr]
+            if self._state.segments in once:  # type: ignore[union-attr]
                 self._save_all = True
+                once.clear()
             return rewritten(self, *args)
 
         monkeypatch.setattr(AnalysisIndex, "_rewritten", and_every_breakdown)

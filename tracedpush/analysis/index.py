@@ -1203,12 +1203,10 @@ class AnalysisIndex:
                 if self._save_all:
                     db.execute("DELETE FROM tpots")
             else:  # the segments from `seg` on, written again as one
-                part, seg = again
+                part, tpots, seg = again
             if self._save_all:  # every breakdown redone: these replace all before
                 inside = part if isinstance(part, set | dict) else set(part)
                 tpots = [t for t in self._kept if t not in inside]
-            elif again is not None:
-                tpots = []  # in `part`
             # the durations first: kept only in the rows about to go, after a warm open
             durations = {t: self._durations_packed(t) for t in part}
             if again is not None:
@@ -1232,28 +1230,32 @@ class AnalysisIndex:
 
     def _rewritten(
         self, db: sqlite3.Connection, whole: set[str], tpots: list[str]
-    ) -> tuple[Collection[str], int] | None:
-        """What this save writes again as one segment, and from which segment on; None
-        when it appends one. Every trace from segment 0: the first save, or more than
-        half the traces changed. At `_COMPACT_AFTER` segments, the traces of those after
-        the first, each as it is now (with this save's): from segment 1, so a Live
-        refresh that merges them does work in proportion to what changed since segment 0
-        was written, not to the run, until that is half the traces (then every trace:
-        each whole rewrite follows at least half as many changed traces)."""
+    ) -> tuple[Collection[str], list[str], int] | None:
+        """What this save writes again as one segment (the traces whose rows it writes,
+        those whose TPOT breakdown alone) and from which segment on; None when it appends
+        one. Every trace's row from segment 0: the first save, or more than half the
+        traces' rows changed. At `_COMPACT_AFTER` segments, the rows of the segments
+        after the first and this save's, the breakdowns of theirs (as they are now), from
+        segment 1: a Live refresh that merges them does work in proportion to what
+        changed since segment 0 was written, not to the run, until half the rows have
+        (then every row: each whole rewrite follows at least half as many changed rows;
+        an update whose clock offsets moved redoes every breakdown, 4 numbers a trace)."""
         state = self._state
         assert state is not None
         n = len(self._kept)
         if not state.segments or len(whole) * 2 > n:
-            return self._kept, 0
+            return self._kept, [], 0
         if state.segments < _COMPACT_AFTER:
             return None
-        since = whole | set(tpots)
-        q = "SELECT v FROM kept WHERE seg > 0 UNION ALL SELECT v FROM tpots WHERE seg > 0"
-        for (blob,) in db.execute(q):
-            since.update(marshal.loads(blob))
-        if len(since) * 2 > n:
-            return self._kept, 0
-        return [t for t in self._kept if t in since], 1  # in the kept order, as a whole write
+        rows, alone = set(whole), set(tpots)
+        for table, into in (("kept", rows), ("tpots", alone)):
+            for (blob,) in db.execute(f"SELECT v FROM {table} WHERE seg > 0"):
+                into.update(marshal.loads(blob))
+        if len(rows) * 2 > n:
+            return self._kept, [], 0
+        # in the kept order, as a whole write
+        alone = {t for t in alone if t not in rows and t in self._kept}
+        return [t for t in self._kept if t in rows], [t for t in self._kept if t in alone], 1
 
     # ------------------------------------------------------------------ access
     @property
