@@ -1007,6 +1007,60 @@ def test_a_whole_rewrite_after_a_warm_open_keeps_the_span_durations(tmp_path: Pa
     other.close()
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_appends_and_warm_opens_in_any_order_read_back_as_analyze(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """The kept segments under a random order of appends (a few lines of every file),
+    updates and warm opens, with `_COMPACT_AFTER` at 3 so that a dozen updates meet
+    every way a save writes (a segment appended, the later ones merged, all written
+    again): after each update, and read back by a new index, the run and the console's
+    span durations equal `analyze()`'s."""
+    import random
+
+    from tracedpush.analysis import index as index_mod
+
+    monkeypatch.setattr(index_mod, "_COMPACT_AFTER", 3)
+    ways: list[str] = []
+    rewritten = AnalysisIndex._rewritten
+
+    def noted(self: AnalysisIndex, *args: Any) -> Any:
+        got = rewritten(self, *args)
+        ways.append("append" if got is None else "merge" if got[2] else "whole")
+        return got
+
+    monkeypatch.setattr(AnalysisIndex, "_rewritten", noted)
+    rng = random.Random(seed)
+    src, d = tmp_path / "full", tmp_path / "traces"
+    files = synthetic.generate(60, seed=seed, batch=4).write(src)
+    lines = {f: f.read_bytes().splitlines(keepends=True) for f in files}
+    read = {f: len(ls) // 2 for f, ls in lines.items()}  # half the run, then a little more
+    for f in files:
+        (d / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+        (d / f.relative_to(src)).write_bytes(b"".join(lines[f][: read[f]]))
+    idx = AnalysisIndex([d])
+    for _ in range(14):
+        if rng.random() < 0.3:  # a new process opens the kept index
+            idx.close()
+            idx = AnalysisIndex([d])
+        for f, ls in lines.items():
+            more = rng.randint(0, 2)
+            with (d / f.relative_to(src)).open("ab") as fh:
+                fh.writelines(ls[read[f] : read[f] + more])
+            read[f] += more
+        run = idx.update()
+        full = analyze(TraceStore.from_paths([d]))
+        same(run, reference([d]))
+        assert idx.span_durations(run.requests) == _durations_of(full)
+    idx.close()
+    other = AnalysisIndex([d])
+    run = other.update()
+    same(run, reference([d]))
+    assert other.span_durations(run.requests) == _durations_of(full)
+    other.close()
+    assert {"append", "merge"} <= set(ways), ways
+
+
 def test_a_moved_clock_splits_again_only_the_tpot_its_steps_meet(tmp_path: Path) -> None:
     """Two deployments at the same time: a real one (one host) and a synthetic one
     whose clocks move with new requests. P's steps are placed again and D gets new
