@@ -11,6 +11,7 @@ import io
 import json
 import marshal
 import pickle
+import random
 import re
 import shutil
 import sqlite3
@@ -1007,17 +1008,9 @@ def test_a_whole_rewrite_after_a_warm_open_keeps_the_span_durations(tmp_path: Pa
     other.close()
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_appends_and_warm_opens_in_any_order_read_back_as_analyze(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
-) -> None:
-    """The kept segments under a random order of appends (a few lines of every file),
-    updates and warm opens, with `_COMPACT_AFTER` at 3 so that a dozen updates meet
-    every way a save writes (a segment appended, the later ones merged, all written
-    again): after each update, and read back by a new index, the run and the console's
-    span durations equal `analyze()`'s."""
-    import random
-
+def _saves_noted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """`_COMPACT_AFTER` at 3, and how each save writes: "append" (a segment after the
+    others), "merge" (the later ones written again as one) or "whole" (every trace)."""
     from tracedpush.analysis import index as index_mod
 
     monkeypatch.setattr(index_mod, "_COMPACT_AFTER", 3)
@@ -1030,6 +1023,19 @@ def test_appends_and_warm_opens_in_any_order_read_back_as_analyze(
         return got
 
     monkeypatch.setattr(AnalysisIndex, "_rewritten", noted)
+    return ways
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_appends_and_warm_opens_in_any_order_read_back_as_analyze(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """The kept segments under a random order of appends (a few lines of every file),
+    updates and warm opens, with `_COMPACT_AFTER` at 3 so that a dozen updates meet
+    every way a save writes (a segment appended, the later ones merged, all written
+    again): after each update, and read back by a new index, the run and the console's
+    span durations equal `analyze()`'s."""
+    ways = _saves_noted(monkeypatch)
     rng = random.Random(seed)
     src, d = tmp_path / "full", tmp_path / "traces"
     files = synthetic.generate(60, seed=seed, batch=4).write(src)
@@ -1057,6 +1063,60 @@ def test_appends_and_warm_opens_in_any_order_read_back_as_analyze(
     run = other.update()
     same(run, reference([d]))
     assert other.span_durations(run.requests) == _durations_of(full)
+    other.close()
+    assert {"append", "merge"} <= set(ways), ways
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_moving_offsets_and_budgets_in_any_order_read_back_as_analyze(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """As above, with the clock offsets moving (a quarter of the requests come with D's
+    spans 4 ms earlier: a new lowest slack) and Live's budget (`reanalyse_at_most`) or
+    none, at random: requests left behind are saved as their breakdowns or rows move.
+    Whenever none is behind, and once caught up, the run equals `analyze()`; the span
+    durations always do."""
+    ways = _saves_noted(monkeypatch)
+    rng = random.Random(seed)
+    skew_ms = {synthetic.DECODE_INSTANCE: 20.0, synthetic.PREFILL_INSTANCE: -8.0}
+    gen = synthetic.generate(80, seed=seed, batch=4, clock_offsets_ms=skew_ms, hosts=UNTIED)
+    pieces = _pieces(gen.documents)
+    roots = [p[2]["traceId"] for p in pieces if p[2]["name"] == sc.SPAN_REQUEST]
+    late = set(roots[60:])
+    moved = [
+        _moved(p, -4_000_000) if p[2]["traceId"] in late and _service(p) == sc.SERVICE_DECODE
+        else p
+        for p in pieces
+    ]  # fmt: skip
+    lines = [_line(p) for p in moved]
+    d = tmp_path / "traces"
+    d.mkdir()
+    at = len(lines) // 2
+    (d / "run.jsonl").write_text("".join(lines[:at]))
+    idx = AnalysisIndex([d])
+    idx.update()
+    for _ in range(14):
+        if rng.random() < 0.3:
+            idx.close()
+            idx = AnalysisIndex([d])
+        more = rng.randint(0, len(lines) // 40)
+        with (d / "run.jsonl").open("a") as fh:
+            fh.writelines(lines[at : at + more])
+        at += more
+        run = idx.update(reanalyse_at_most=rng.choice([None, 3, 3]))
+        full = analyze(TraceStore.from_paths([d]))
+        if not idx.behind:
+            same(run, reference([d]))
+        assert idx.span_durations(run.requests) == _durations_of(full)
+    with (d / "run.jsonl").open("a") as fh:
+        fh.writelines(lines[at:])
+    idx.update(reanalyse_at_most=3)
+    idx.close()
+    other = AnalysisIndex([d])
+    run = other.update()  # no budget: caught up at once
+    assert other.behind == 0
+    same(run, reference([d]))
+    assert other.span_durations(run.requests) == _durations_of(analyze(TraceStore.from_paths([d])))
     other.close()
     assert {"append", "merge"} <= set(ways), ways
 
