@@ -296,7 +296,7 @@ def _prepare_live(
     by time, as `bench_report`'s Live stage with engine steps makes them, with new ids),
     and each side's index of the run with the appends' directory still empty, built
     once by its own code."""
-    # a seed no earlier append used: bench_report's Live stages append seeds 7-10 to the
+    # a seed no earlier append used: bench_report's Live stages append seeds 7-11 to the
     # run they keep, and a slice with their ids would add no request (the same spans)
     seed = int(time.time())
     slices = _sliced(sizes, seed=seed, start_unix_s=_end_s(traces) + 600.0)
