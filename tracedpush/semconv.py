@@ -228,6 +228,12 @@ STREAM: Final = "tracedpush.stream"
 MODELS_FETCHED: Final = "tracedpush.models.fetched"
 MODELS_ANSWERED: Final = "tracedpush.models.answered"
 RESENT_REASON: Final = "tracedpush.resent.reason"  # on the request_resent event
+# on the request_sent event: from the request's receipt to that send, the proxy's event-loop
+# thread was on a CPU this long (its work on every request it had), and runnable without a
+# CPU this long (the kernel's schedstat run_delay; Linux only). The rest of the interval
+# the loop was idle, waiting for I/O.
+LOOP_ON_CPU_MS: Final = "tracedpush.loop.on_cpu_ms"
+LOOP_CPU_WAIT_MS: Final = "tracedpush.loop.cpu_wait_ms"
 # tracedpush.request: the proxy's sampler, named as OTEL_TRACES_SAMPLER names it
 # ("parentbased_traceidratio"), and the probability it kept this request with (absent when
 # a client's traceparent decided under a parent-based sampler: that rate is the client's)

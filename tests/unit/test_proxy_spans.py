@@ -7,6 +7,7 @@ unit tests); the spans are the proxy's own, produced exactly as in production.
 from __future__ import annotations
 
 import asyncio
+import os
 
 import aiohttp
 import pytest
@@ -136,7 +137,9 @@ def test_push_legs_overlap_and_no_relay_span():
 @pytest.mark.parametrize("mode", ["push", "pull"])
 def test_each_leg_records_when_its_bytes_left(mode):
     """`request_sent` (the start of `network`) lies between the leg's start and the
-    engine's handler having the whole body, once per leg."""
+    engine's handler having the whole body, once per leg. It says how the proxy's event
+    loop spent the time since the request's receipt (Linux): on a CPU and waiting for
+    one, together no longer than that time."""
 
     async def scenario():
         decode = StubEngine("decode", mode=mode)
@@ -150,9 +153,17 @@ def test_each_leg_records_when_its_bytes_left(mode):
             (semconv.SPAN_PROXY_DECODE, decode),
         ):
             leg = spans[name]
-            sent = [e.timestamp for e in leg.events if e.name == semconv.EVENT_REQUEST_SENT]
-            assert len(sent) == 1, leg.events
-            assert leg.start_time <= sent[0] <= engine.requests[0].seen_ns, name
+            events = [e for e in leg.events if e.name == semconv.EVENT_REQUEST_SENT]
+            assert len(events) == 1, leg.events
+            sent = events[0].timestamp
+            assert leg.start_time <= sent <= engine.requests[0].seen_ns, name
+            if os.path.exists("/proc/thread-self/schedstat"):
+                on_cpu = events[0].attributes[semconv.LOOP_ON_CPU_MS]
+                waited = events[0].attributes[semconv.LOOP_CPU_WAIT_MS]
+                since_receipt = (sent - spans[semconv.SPAN_REQUEST].start_time) / 1e6
+                assert on_cpu > 0.0 and waited >= 0.0, events[0].attributes
+                # each sample is read just after its time stamp
+                assert on_cpu + waited <= since_receipt + 1.0, events[0].attributes
 
     run(scenario)
 

@@ -35,6 +35,7 @@ from tracedpush.proxy.errors import (
     sse_error_event,
 )
 from tracedpush.proxy.fields import json_shape_problem, short
+from tracedpush.proxy.loop_cpu import LoopCpu
 from tracedpush.proxy.metrics import ProxyMetrics, sink_drop_stats
 from tracedpush.proxy.models import (
     MODEL_CACHE_TTL_S,
@@ -127,6 +128,7 @@ class ProxyState:
         self.models = ModelCatalog(vocab_size=config.vocab_size, ttl=config.model_cache_ttl)
         self.models_warm: asyncio.Task[None] | None = None  # learning the catalog at start
         self.upstream: UpstreamClient  # set at startup
+        self.loop_cpu = LoopCpu()  # the event loop's CPU clock, for request_sent (loop_cpu.py)
         self.monitor: HealthMonitor | None = None
 
     @property
@@ -168,6 +170,7 @@ class Exchange:
     def __init__(self, state: ProxyState, request: web.Request, route: str) -> None:
         self.state, self.request, self.route = state, request, route
         self.receipt_ns = time.time_ns()
+        self.receipt_cpu = state.loop_cpu.sample()
         self.root = state.spans.start_request(
             request.headers, method=request.method, route=route, start_ns=self.receipt_ns
         )
@@ -297,12 +300,12 @@ async def prefill_leg(ex: Exchange, inst: Instance) -> dict[str, Any]:
     span = state.spans.start_leg(ex.root, semconv.SPAN_PROXY_PREFILL, inst)
     body = prefill_body(ex.body)
     ex.add_trace_context(body[KV_PARAMS], span)
-    sent = SendClock()
+    sent = SendClock(state.loop_cpu)
     try:
         resp = await state.upstream.post(
             "prefill", inst, ex.route, body, ex.leg_headers(span), deadline=ex.deadline, sent=sent
         )
-        proxy_spans.sent(span, sent)
+        proxy_spans.sent(span, sent, ex.receipt_cpu)
         span.set_attribute(semconv.HTTP_STATUS, resp.status)
         data, _ = await state.upstream.read_json("prefill", inst, resp, deadline=ex.deadline)
         ex.prefill_done_ns = time.time_ns()
@@ -322,7 +325,8 @@ async def prefill_leg(ex: Exchange, inst: Instance) -> dict[str, Any]:
             proxy_spans.fail(span, *ex.cancel_cause())
         raise
     finally:
-        proxy_spans.sent(span, sent)  # a leg that failed after sending still says so
+        # a leg that failed after sending still says so
+        proxy_spans.sent(span, sent, ex.receipt_cpu)
         proxy_spans.end(span, ex.prefill_done_ns)
 
 
@@ -351,7 +355,7 @@ async def decode_leg(ex: Exchange, inst: Instance, span: Span, kv: dict[str, Any
     body, injected_usage = decode_body(ex.body, kv)
     loop = asyncio.get_running_loop()
     first_byte_at = loop.time() + state.upstream.timeouts.first_byte
-    sent = SendClock()
+    sent = SendClock(state.loop_cpu)
     try:
         resp = await state.upstream.post(
             "decode",
@@ -363,7 +367,7 @@ async def decode_leg(ex: Exchange, inst: Instance, span: Span, kv: dict[str, Any
             first_byte_at=first_byte_at,
             sent=sent,
         )
-        proxy_spans.sent(span, sent)
+        proxy_spans.sent(span, sent, ex.receipt_cpu)
         span.set_attribute(semconv.HTTP_STATUS, resp.status)
         if ex.stream and resp.status == 200:
             await _relay_stream(ex, inst, span, resp, injected_usage, first_byte_at)
@@ -386,7 +390,7 @@ async def decode_leg(ex: Exchange, inst: Instance, span: Span, kv: dict[str, Any
             proxy_spans.fail(span, *ex.cancel_cause())
         raise
     finally:
-        proxy_spans.sent(span, sent)
+        proxy_spans.sent(span, sent, ex.receipt_cpu)
         proxy_spans.end(span)
 
 
@@ -824,6 +828,7 @@ async def _lifecycle(app: web.Application) -> Any:
     await state.monitor.stop()
     await state.upstream.close()
     await session.close()
+    state.loop_cpu.close()
 
 
 def _routes(app: web.Application) -> list[str]:

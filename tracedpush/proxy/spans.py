@@ -16,6 +16,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvid
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tracedpush import __version__, semconv
+from tracedpush.proxy.loop_cpu import CpuSample, spent_ms
 from tracedpush.proxy.routing import Instance
 from tracedpush.proxy.sampling import SamplerInfo, describe
 from tracedpush.proxy.upstream import SendClock
@@ -147,14 +148,20 @@ def _failed(span: Span) -> bool:
     return semconv.ERROR_TYPE in attributes
 
 
-def sent(span: Span, clock: SendClock) -> None:
-    """Record the leg's ``request_sent`` event once: its bytes left for the engine; and
+_LOOP_KEYS = (semconv.LOOP_ON_CPU_MS, semconv.LOOP_CPU_WAIT_MS)
+
+
+def sent(span: Span, clock: SendClock, receipt_cpu: CpuSample | None = None) -> None:
+    """Record the leg's ``request_sent`` event once: its bytes left for the engine, with
+    how the event loop spent the time since the request's receipt (``receipt_cpu``); and
     ``request_resent`` when the engine closed that connection unanswered and they left
     again on a new one."""
     ns, clock.ns = clock.ns, None
     again, clock.resent_ns = clock.resent_ns, None
     if ns is not None and span.is_recording():
-        span.add_event(semconv.EVENT_REQUEST_SENT, timestamp=ns)
+        loop = spent_ms(receipt_cpu, clock.cpu)
+        sent_attrs = {} if loop is None else dict(zip(_LOOP_KEYS, loop, strict=True))
+        span.add_event(semconv.EVENT_REQUEST_SENT, sent_attrs, timestamp=ns)
         if again is not None:
             attrs = {semconv.RESENT_REASON: clock.reset}
             span.add_event(semconv.EVENT_REQUEST_RESENT, attrs, timestamp=again)

@@ -41,6 +41,7 @@ import aiohttp
 
 from tracedpush import semconv
 from tracedpush.proxy.errors import UpstreamFailure, upstream_error_message
+from tracedpush.proxy.loop_cpu import CpuSample, LoopCpu
 from tracedpush.proxy.routing import Instance
 from tracedpush.proxy.sse import EventSplitter
 
@@ -53,10 +54,12 @@ class SendClock:
     a request sent again after the engine closed a kept-alive connection on it, when
     and why (`UpstreamClient.post`)."""
 
-    __slots__ = ("_again", "ns", "resent_ns", "reset", "reused")
+    __slots__ = ("_again", "_loop_cpu", "cpu", "ns", "resent_ns", "reset", "reused")
 
-    def __init__(self) -> None:
+    def __init__(self, loop_cpu: LoopCpu | None = None) -> None:
         self.ns: int | None = None
+        self.cpu: CpuSample | None = None  # the event loop's CPU clock at `ns` (loop_cpu.py)
+        self._loop_cpu = loop_cpu
         self.resent_ns: int | None = None
         self.reset = ""  # what the first connection failed with
         self.reused = False  # the current attempt went out on a kept-alive connection
@@ -67,6 +70,8 @@ class SendClock:
             self.resent_ns = ns
         else:
             self.ns = ns
+            if self._loop_cpu is not None:
+                self.cpu = self._loop_cpu.sample()
 
     def send_again(self, reason: str) -> None:
         self._again, self.reset, self.reused = True, reason, False
