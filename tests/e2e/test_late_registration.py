@@ -89,15 +89,16 @@ def test_a_registration_after_the_lease_is_blamed_on_ds_side(tmp_path: Path) -> 
         # nor the proxy's: it had learnt the model catalog before D was held (session 48
         # saw 2 s of `proxy` here, the proxy asking the held D for its /v1/models until
         # its 2 s health timeout). A wait on the held D lasts that long at least. The
-        # proxy's time here is its event loop's work on the four requests (5-35 ms) and
-        # its wait for a CPU on this loaded machine (up to 220 ms here; 781 ms of `proxy`
-        # once in CI, which failed a bound of 500 ms on the whole): D's `request_sent`
-        # event says how long it waited, and the rest must stay well under 2 s
+        # proxy's own time here is its event loop's work on the four requests (5-35 ms);
+        # the time the loop waited for a CPU on this loaded machine (up to 220 ms here;
+        # 781 ms of `proxy` once in CI, against a bound of 500 ms on the two together) is
+        # `proxy CPU wait`, as D's `request_sent` event gives it
         sent = [e for x in legs for e in x.events if e.name == sc.EVENT_REQUEST_SENT]
-        waited = sent[0].attributes[sc.LOOP_CPU_WAIT_MS]
-        print(f"  proxy {ms[phases.PROXY]:.0f} ms, its loop waiting for a CPU {waited:.0f} ms")
+        waited = ms.get(phases.PROXY_CPU_WAIT, 0.0)
+        print(f"  proxy {ms[phases.PROXY]:.0f} ms, and {waited:.0f} ms waiting for a CPU")
+        assert waited == pytest.approx(sent[0].attributes[sc.LOOP_CPU_WAIT_MS], abs=0.05)
         assert phases.MODEL_LOOKUP not in path, r.critical_path
-        assert ms[phases.PROXY] - waited < 1000.0, (waited, r.critical_path)
+        assert ms[phases.PROXY] < 1000.0, r.critical_path
         assert phases.WRITER_QUEUE not in path and phases.STEP_HANDOFF not in path
         # D's side is whole: D registered, then waited for the WRITE until the client left
         missing = [p for p in r.problems if p.startswith(MISSING_SPAN)]

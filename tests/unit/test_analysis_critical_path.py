@@ -224,8 +224,9 @@ def test_push_registration_first_exact_segments() -> None:
     }
 
 
-def test_push_registration_second_walks_into_decode() -> None:
-    spec = push_spec(
+def registration_second_spec() -> dict[str, tuple[Any, ...]]:
+    """`push_spec` with D's registration second: D's leg is on the path."""
+    return push_spec(
         **{
             sc.SPAN_KV_REGISTER: ("decode", 30, 65),  # D was slow to allocate
             sc.SPAN_DECODE: (
@@ -255,6 +256,10 @@ def test_push_registration_second_walks_into_decode() -> None:
             sc.SPAN_KV_NOTIFY: ("decode", 70, 72),
         }
     )
+
+
+def test_push_registration_second_walks_into_decode() -> None:
+    spec = registration_second_spec()
     steps = path_of(trace("push", spec))
     assert steps[:9] == [
         (phases.PROXY, 0.0, 1.5),
@@ -490,6 +495,61 @@ def test_a_wait_for_the_model_catalog_is_model_lookup_not_proxy(mode: str) -> No
     ]
     without = path_of(trace(mode, {k: v for k, v in spec.items() if k != sc.SPAN_PROXY_MODELS}))
     assert without[0] == (phases.PROXY, 0.0, 1.0)
+
+
+def _loop_said(spans: list[Span], leg: str, waited: Any) -> list[Span]:
+    """Give ``leg``'s request_sent the proxy loop's CPU figures since receipt."""
+    for s in spans:
+        for e in s.events if s.name == leg else ():
+            if e.name == sc.EVENT_REQUEST_SENT:
+                e.attributes = {sc.LOOP_ON_CPU_MS: 0.2, sc.LOOP_CPU_WAIT_MS: waited}
+    return spans
+
+
+@pytest.mark.parametrize("mode", ["push", "pull"])
+def test_the_proxys_wait_for_a_cpu_is_cut_out_of_its_own_time(mode: str) -> None:
+    """The first leg's request_sent says the proxy's event loop waited 0.75 ms for a CPU
+    since receipt: `proxy CPU wait`, drawn just before the send; `proxy` is the rest. It
+    never reaches into a wait for the model catalog, and without the figure (a proxy on
+    macOS, or from before it) nothing is cut."""
+    spec = push_spec() if mode == "push" else pull_spec()
+    segs = path_of(_loop_said(trace(mode, spec), sc.SPAN_PROXY_PREFILL, 0.75))
+    assert segs[:3] == [
+        (phases.PROXY, 0.0, 0.25),
+        (phases.PROXY_CPU_WAIT, 0.25, 0.75),  # -> P's bytes out at 1
+        (phases.NETWORK, 1.0, 1.0),
+    ]
+    ttft = 100.0 if mode == "push" else 120.0
+    assert (segs[-1][0], segs[-1][1] + segs[-1][2]) == (phases.PROXY, ttft)  # TTFT whole
+    # a catalog wait until 0.6: the CPU wait is drawn after it, and no longer than what is left
+    spec[sc.SPAN_PROXY_MODELS] = ("proxy", 0.1, 0.6)
+    segs = path_of(_loop_said(trace(mode, spec), sc.SPAN_PROXY_PREFILL, 0.75))
+    assert segs[:4] == [
+        (phases.PROXY, 0.0, 0.1),
+        (phases.MODEL_LOOKUP, 0.1, 0.5),
+        (phases.PROXY_CPU_WAIT, 0.6, 0.4),
+        (phases.NETWORK, 1.0, 1.0),
+    ]
+    for waited in (None, 0.0, "0.5", float("nan"), True):
+        segs = path_of(_loop_said(trace(mode, push_spec() if mode == "push" else pull_spec()),
+                                  sc.SPAN_PROXY_PREFILL, waited))  # fmt: skip
+        assert segs[0] == (phases.PROXY, 0.0, 1.0), waited
+
+
+def test_the_cpu_wait_is_read_from_the_leg_on_the_path() -> None:
+    """Push with D's registration second: D's leg is on the path, so D's request_sent
+    gives the wait (P's, on a leg off the path, is not used)."""
+    spans = _loop_said(trace("push", registration_second_spec()), sc.SPAN_PROXY_PREFILL, 0.9)
+    assert phases.PROXY_CPU_WAIT not in [s[0] for s in path_of(spans)]
+    (r,) = exact(_loop_said(spans, sc.SPAN_PROXY_DECODE, 0.5)).requests
+    assert r.rendezvous_first == "prefill"
+    segs = [(s.phase, round(s.start_ms, 6), round(s.duration_ms, 6)) for s in r.critical_path]
+    d_sent = next(e.time_ns for s in spans if s.name == sc.SPAN_PROXY_DECODE for e in s.events)
+    sent_ms = round((d_sent - BASE) / 1e6, 6)
+    assert segs[:2] == [
+        (phases.PROXY, 0.0, round(sent_ms - 0.5, 6)),
+        (phases.PROXY_CPU_WAIT, round(sent_ms - 0.5, 6), 0.5),
+    ]
 
 
 @pytest.mark.parametrize("mode", ["push", "pull"])

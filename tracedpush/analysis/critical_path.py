@@ -15,14 +15,16 @@ push: first token <- decode end <- kv.notify end <- kv.notify start <- WRITE lan
       request_sent),
       or D's (registration delivery <- kv.register end, registration <- blocks_allocated,
       queue wait <- scheduler_received, api server <- http_received, network <-
-      proxy.decode request_sent) <- receipt (proxy). A rendezvous that ended without
-      D's registration and no WRITE (P gave up on it): kv.notify start <- D's chain
-      from its registration on; P's writer never had the request.
+      proxy.decode request_sent) <- receipt (proxy, and proxy CPU wait: the proxy's
+      event loop runnable without a CPU, from the first leg's request_sent event, drawn
+      just before the send). A rendezvous that ended without D's registration and no
+      WRITE (P gave up on it): kv.notify start <- D's chain from its registration on;
+      P's writer never had the request.
 pull: first token <- decode end <- kv.read end (minus its polling lag) <- kv.read start
       <- kv.desc_prep <- blocks_allocated (step handoff) <- D's queue wait, api server,
       network <- proxy.decode request_sent <- relay (kv.relay start) <- proxy.prefill end
       (response) <- prefill end <- P's prefill compute, queue wait, api server, network
-      <- proxy.prefill request_sent <- receipt (proxy).
+      <- proxy.prefill request_sent <- receipt (proxy, and proxy CPU wait as in push).
 
 Each step cuts a segment [its node, the cursor]; nodes later than the cursor are
 clamped to it (and reported when the excess is more than clock noise), so segments are
@@ -38,6 +40,7 @@ not.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -319,6 +322,7 @@ def _push_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
             Step(ph.REGISTRATION, s_d, c.start(reg), reg, need=sc.SPAN_KV_REGISTER),
             Step(ph.REGISTRATION, s_d, c.event(dec, sc.EVENT_BLOCKS_ALLOCATED), reg, optional=True),
         ]
+        first_leg = pd
         leg, more = _leg(c, dec, sc.SPAN_DECODE, s_d, pd, c.start(pd), sc.SPAN_PROXY_DECODE)
     else:  # prefill finished second (or unknown): P's side is on the path
         compute = c.event(pre, sc.EVENT_COMPUTE_STARTED)
@@ -327,20 +331,42 @@ def _push_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
                 _no_event(pre, sc.EVENT_COMPUTE_STARTED, "queue wait and compute are unattributed")
             )
         steps.append(Step(ph.PREFILL_COMPUTE, s_p, compute, pre, need=_need(pre, sc.SPAN_PREFILL)))
+        first_leg = pp
         leg, more = _leg(c, pre, sc.SPAN_PREFILL, s_p, pp, c.start(pp), sc.SPAN_PROXY_PREFILL)
-    steps += [*leg, *_receipt(c, s_x)]
+    steps += [*leg, *_receipt(c, s_x, first_leg)]
     return steps, first, problems + more
 
 
-def _receipt(c: _Ctx, s_x: str) -> list[Step]:
-    """Receipt -> the first leg's work: the proxy's own, and a wait for its model catalog
-    when the request had one (``proxy.models``)."""
+def _receipt(c: _Ctx, s_x: str, leg: Span | None) -> list[Step]:
+    """Receipt -> the first leg's bytes out (``leg``'s request_sent): the proxy's own work,
+    the time its event loop waited for a CPU meanwhile, and a wait for its model catalog
+    when the request had one (``proxy.models``).
+
+    The CPU wait is interleaved with the work; it is drawn as one block just before the
+    send, at most the whole interval after the catalog wait."""
     root, models = c.ix.root, c.ix.one(sc.SPAN_PROXY_MODELS, PROXY)
+    steps: list[Step] = []
+    sent, waited = c.event(leg, sc.EVENT_REQUEST_SENT), _loop_cpu_wait(leg)
+    if sent is not None and waited is not None and waited > 0.0:
+        floor = max(c.end(models) or 0.0, 0.0)
+        steps.append(Step(ph.PROXY_CPU_WAIT, s_x, max(sent - waited, floor), root))
     return [
+        *steps,
         Step(ph.PROXY, s_x, c.end(models), root, optional=True),
         Step(ph.MODEL_LOOKUP, s_x, c.start(models), models, optional=True),
         Step(ph.PROXY, s_x, 0.0, root),
     ]
+
+
+def _loop_cpu_wait(leg: Span | None) -> float | None:
+    """ms the proxy's event loop waited for a CPU from receipt to ``leg``'s send (the
+    request_sent event's attribute; None without one)."""
+    for e in () if leg is None else leg.events:
+        if e.name == sc.EVENT_REQUEST_SENT:
+            value = e.attributes.get(sc.LOOP_CPU_WAIT_MS)
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            return float(value) if ok and math.isfinite(value) else None
+    return None
 
 
 _GAVE_UP = frozenset({sc.ERR_LEASE_EXPIRED, sc.ERR_REGISTRATION_TIMEOUT})
@@ -413,7 +439,7 @@ def _pull_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
         Step(ph.RESPONSE, s_p, c.end(pre), None, need=sc.SPAN_PREFILL),
         Step(ph.PREFILL_COMPUTE, s_p, compute, pre, need=_need(pre, sc.SPAN_PREFILL)),
         *p_leg,
-        *_receipt(c, s_x),
+        *_receipt(c, s_x, pp),
     ]
     return steps, None, problems + more + more2
 
@@ -530,7 +556,7 @@ def critical_path(ix: TraceIndex, ms: Ms) -> PathResult:
         )
     problems += more
     if root is None:  # no proxy: the path starts at the first engine span, not receipt
-        proxy = (ph.PROXY, ph.MODEL_LOOKUP)
+        proxy = (ph.PROXY, ph.PROXY_CPU_WAIT, ph.MODEL_LOOKUP)
         steps = [s for s in steps if s.phase not in proxy and s.need not in sc.PROXY_SPANS]
     segments, owners, missing, order = walk(steps, ft)
     problems += order

@@ -45,6 +45,7 @@ DECODE_SCHEDULING: Final = "decode scheduling"  # D: KV complete -> first token 
 FIRST_DECODE_STEP: Final = "first decode step"  # D: scheduled -> first token at the proxy
 MODEL_LOOKUP: Final = "model lookup"  # proxy.models: the proxy's model catalog missed
 PROXY: Final = "proxy"  # the proxy's own work: receipt -> leg's bytes out; token -> client
+PROXY_CPU_WAIT: Final = "proxy CPU wait"  # of receipt -> leg's bytes out: loop runnable, no CPU
 UNATTRIBUTED: Final = "unattributed"  # a gap whose bounding spans or events are missing
 
 PHASES: Final = (
@@ -70,6 +71,7 @@ PHASES: Final = (
     FIRST_DECODE_STEP,
     MODEL_LOOKUP,
     PROXY,
+    PROXY_CPU_WAIT,
     UNATTRIBUTED,
 )
 
@@ -113,6 +115,9 @@ DESCRIPTIONS: Final = {
     "requests if they came before its start-up lookup finished, a model it had not seen, "
     "engines that did not answer) or the model's vocabulary read (proxy.models)",
     PROXY: "the proxy's own work (receipt -> a leg's bytes out, relaying the first token)",
+    PROXY_CPU_WAIT: "of receipt -> a leg's bytes out, the time the proxy's event loop was "
+    "runnable without a CPU (the kernel's run delay, on the leg's request_sent event; "
+    "interleaved with its work, drawn as one block before the send)",
     UNATTRIBUTED: "a gap whose bounding spans or events are missing from the trace",
 }
 
@@ -162,5 +167,6 @@ COLORS: Final = {
     FIRST_DECODE_STEP: "#393b79",
     MODEL_LOOKUP: "#8c6d31",
     PROXY: "#9e9e9e",
+    PROXY_CPU_WAIT: "#5a5a5a",
     UNATTRIBUTED: "#000000",
 }

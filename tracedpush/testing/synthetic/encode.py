@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
@@ -23,6 +23,10 @@ from tracedpush import semconv as sc
 from tracedpush.telemetry.otlp_json import encode_traces_data
 
 SCOPE = InstrumentationScope(sc.INSTRUMENTATION_SCOPE, __version__)
+
+T = TypeVar("T", int, float)
+# a span event: (name, time) or (name, time, attributes)
+EventAt = tuple[str, T] | tuple[str, T, Mapping[str, Any]]
 
 
 @dataclass(slots=True)
@@ -60,9 +64,10 @@ class Process:
         attrs: Mapping[str, Any],
         *,
         kind: SpanKind = SpanKind.INTERNAL,
-        events: Sequence[tuple[str, int]] = (),
+        events: Sequence[EventAt[int]] = (),
     ) -> None:
-        """Record a finished span; `parent_id` 0 makes it a root, `events` are (name, ns)."""
+        """Record a finished span; `parent_id` 0 makes it a root, `events` are (name, ns)
+        or (name, ns, attributes)."""
         self.spans.append(
             ReadableSpan(
                 name=name,
@@ -70,7 +75,7 @@ class Process:
                 parent=SpanContext(trace_id, parent_id, False) if parent_id else None,
                 resource=self.resource,
                 attributes=dict(attrs),
-                events=[Event(n, timestamp=ns) for n, ns in events],
+                events=[Event(e[0], e[2] if len(e) > 2 else None, e[1]) for e in events],
                 kind=kind,
                 instrumentation_scope=SCOPE,
                 start_time=start_ns,
@@ -128,7 +133,7 @@ class Emitter:
         attrs: Mapping[str, Any],
         *,
         kind: SpanKind = SpanKind.INTERNAL,
-        events: Sequence[tuple[str, float]] = (),
+        events: Sequence[EventAt[float]] = (),
     ) -> int:
         """Record a span of a request trace; returns its id."""
         span_id = self.new_id(8)
@@ -141,6 +146,6 @@ class Emitter:
             self.ns(max(end_ms, start_ms), proc),
             attrs,
             kind=kind,
-            events=[(n, self.ns(t, proc)) for n, t in events],
+            events=[(e[0], self.ns(e[1], proc), *e[2:]) for e in events],
         )
         return span_id

@@ -39,10 +39,11 @@ class SyntheticRequest:
 
 
 def expected_path(
-    leg: PushLeg | PullLeg, lookup: bool = False
+    leg: PushLeg | PullLeg, lookup: bool = False, cpu_wait: bool = False
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(phases on the critical path in order, phases hidden); `lookup`: the request
-    waited for the proxy's model catalog after receipt."""
+    waited for the proxy's model catalog after receipt; `cpu_wait`: the proxy's event loop
+    waited for a CPU before the first leg's bytes left."""
     if isinstance(leg, PushLeg):
         p_leg = [ph.PROXY, ph.NETWORK, ph.API_SERVER, ph.QUEUE_WAIT]
         p_parts = [ph.API_SERVER, ph.QUEUE_WAIT, ph.PREFILL_COMPUTE]
@@ -68,6 +69,8 @@ def expected_path(
         path += [ph.DESC_PREP, ph.READ, ph.POLL_LAG, ph.DECODE_SCHEDULING]
         hidden = [sc.SPAN_KV_NOTIFY]
     path += [ph.FIRST_DECODE_STEP, ph.PROXY]
+    if cpu_wait:
+        path[1:1] = [ph.PROXY_CPU_WAIT]
     if lookup:
         path[1:1] = [ph.MODEL_LOOKUP, ph.PROXY]
     return tuple(path), tuple(hidden)

@@ -121,7 +121,7 @@ def emit_request(
         pre.pp_end,
         {**proxy_leg, sc.ENGINE_ID: PREFILL_INSTANCE, sc.UPSTREAM_URL: "http://p-host:8100"},
         kind=SpanKind.CLIENT,
-        events=[(sc.EVENT_REQUEST_SENT, pre.p_sent)],
+        events=[(sc.EVENT_REQUEST_SENT, pre.p_sent, a.loop_at(pre.p_sent))],
     )
     prefill = emit(
         "p_sched",
@@ -141,7 +141,9 @@ def emit_request(
             (sc.EVENT_COMPUTE_STARTED, pre.compute_start),
         ],
     )
+    relayed = 0.0  # the proxy loop's work between the legs
     if isinstance(leg, PullLeg):
+        relayed = leg.d_sent - leg.relay_start
         emit(
             "proxy",
             root,
@@ -158,7 +160,10 @@ def emit_request(
         fin.pd_end,
         {**proxy_leg, sc.ENGINE_ID: DECODE_INSTANCE, sc.UPSTREAM_URL: "http://d-host:8200"},
         kind=SpanKind.CLIENT,
-        events=[(sc.EVENT_REQUEST_SENT, leg.d_sent), (sc.EVENT_FIRST_TOKEN, fin.pd_ft)],
+        events=[
+            (sc.EVENT_REQUEST_SENT, leg.d_sent, a.loop_at(leg.d_sent, relayed)),
+            (sc.EVENT_FIRST_TOKEN, fin.pd_ft),
+        ],
     )
     decode = emit(
         "d_sched",

@@ -13,6 +13,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tracedpush import semconv as sc
 from tracedpush.testing.synthetic.deployment import (
     BLOCK_TOKENS,
     KV_BYTES_PER_TOKEN,
@@ -79,6 +80,21 @@ class Arrival:
     def legs_from(self) -> float:
         """When the proxy can start the request's legs (after any catalog wait)."""
         return self.lookup[1] if self.lookup else self.t
+
+    @property
+    def loop_wait(self) -> float:
+        """ms the proxy's event loop was runnable without a CPU from receipt to the first
+        leg's bytes out: more with more requests in flight (no draw, so later draws stay
+        as they were). At most 0.25 ms, less than the legs take to build."""
+        return round(min(0.25, 0.05 * (self.load - 1)), 3)
+
+    def loop_at(self, sent: float, work: float = 0.0) -> dict[str, float]:
+        """The ``request_sent`` event's loop figures for a leg sent at ``sent`` (the proxy's
+        ``loop_cpu``): busy from the catalog's answer until the first send but for its
+        wait, plus ``work`` more before this one (pull's relay)."""
+        first = min(sent, self.legs_from + 0.5)
+        on_cpu = max(0.0, first - self.legs_from - self.loop_wait) + work
+        return {sc.LOOP_ON_CPU_MS: round(on_cpu, 3), sc.LOOP_CPU_WAIT_MS: self.loop_wait}
 
     @property
     def step(self) -> float:
