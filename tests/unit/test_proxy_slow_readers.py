@@ -19,32 +19,22 @@ so here the proxy finishes each request on time and the kernel holds the rest.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import multiprocessing
-import os
 import socket
 import statistics
-import subprocess
-import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from tracedpush.launcher.metrics import metric_sum
 from tracedpush.testing.figures import Figures
-from tracedpush.testing.net import free_port
-from tracedpush.testing.stub_engine import StubEngine
+from tracedpush.testing.stub_processes import proc_cpu_s, proxy_process, stub_engines
 
 SLOW_READERS = 200
 HOLD_S = 5.0
 FAST_REQUESTS = 20
-TOKEN = "x" * 200  # ~230 bytes per SSE event
 ANSWER_TOKENS = 200
 TOKEN_DELAY_S = 0.02  # D's pace: 50 tokens/s per stream
 RSS_GROWTH_LIMIT_MB = 64.0  # what 200 streams may cost the proxy (measured: see the print)
@@ -54,96 +44,9 @@ FAST_EXTRA_LIMIT_S = 0.25  # added to a fast client's TTFT beside them
 pytestmark = [pytest.mark.timeout(180), pytest.mark.serial]  # CPU and latency bounds
 
 
-def _serve_stub(role: str, mode: str, port: int) -> None:
-    """One stub engine on `port`, until killed (runs in its own process)."""
-    stub = StubEngine(role, mode=mode)
-    if role == "decode":
-        stub = StubEngine(role, mode=mode, tokens=(TOKEN,) * ANSWER_TOKENS)
-        stub.token_delay = TOKEN_DELAY_S
-
-    async def main() -> None:
-        runner = web.AppRunner(stub.app(), handler_cancellation=True, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port, backlog=2048).start()
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
-
-
-@contextmanager
-def stub_engines(mode: str) -> Iterator[tuple[str, str]]:
-    """A stub P and a stub D, each in a process of its own: their work is not the proxy's."""
-    spawn = multiprocessing.get_context("spawn")
-    ports = (free_port(), free_port())
-    procs = [
-        spawn.Process(target=_serve_stub, args=(role, mode, port), daemon=True)
-        for role, port in zip(("prefill", "decode"), ports, strict=True)
-    ]
-    for proc in procs:
-        proc.start()
-    urls = tuple(f"http://127.0.0.1:{port}" for port in ports)
-    try:
-        for url, proc in zip(urls, procs, strict=True):
-            wait_http(url + "/health", proc.is_alive)
-        yield urls[0], urls[1]
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.join(10)
-
-
-def wait_http(url: str, alive: Callable[[], bool], limit: float = 30) -> None:
-    deadline = time.monotonic() + limit
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=1).read()
-            return
-        except OSError:
-            assert alive(), f"{url}: the server died"
-            assert time.monotonic() < deadline, f"{url} did not answer"
-            time.sleep(0.1)
-
-
 def stub_state(url: str) -> dict[str, int]:
     with urllib.request.urlopen(url + "/stub/state", timeout=5) as resp:
         return json.loads(resp.read())
-
-
-@contextmanager
-def proxy(mode: str, p_url: str, d_url: str, tmp: Path) -> Iterator[tuple[int, str]]:
-    port = free_port()
-    log = (tmp / f"proxy-{mode}.log").open("w")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tracedpush",
-            "proxy",
-            "--mode",
-            mode,
-            "--prefill",
-            f"{p_url}#engine_id=stub-engine,host=127.0.0.1,port=5600",
-            "--decode",
-            d_url,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--no-trace-files",
-            "--health-interval",
-            "0",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/health", lambda: proc.poll() is None)
-        yield proc.pid, url
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        log.close()
 
 
 def request_bytes(port: int, request_id: str) -> bytes:
@@ -184,11 +87,6 @@ def proc_rss_mb(pid: int) -> float:
     raise AssertionError("no VmRSS")
 
 
-def proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class SlowReaders:
     """SLOW_READERS streamed requests on 4 KiB receive buffers, read 512 bytes at a time."""
 
@@ -227,12 +125,10 @@ class SlowReaders:
 def test_200_slow_readers_cost_the_proxy_little_and_the_other_clients_nothing(
     mode: str, tmp_path: Path, figures: Figures
 ) -> None:
+    stubs = stub_engines(mode, decode_tokens=ANSWER_TOKENS, token_delay=TOKEN_DELAY_S)
     with (
-        stub_engines(mode) as (p_url, d_url),
-        proxy(mode, p_url, d_url, tmp_path) as (
-            pid,
-            url,
-        ),
+        stubs as (p_url, d_url),
+        proxy_process(mode, p_url, d_url, tmp_path / f"proxy-{mode}.log") as (pid, url),
     ):
         port = int(url.rsplit(":", 1)[1])
         fast_round(port, "warm")
