@@ -3,17 +3,19 @@
 Why. The proxy's own time on a request's critical path (receipt -> a leg's bytes out)
 is its work on that request, its work on the requests ahead of it on the one event
 loop, and any time the loop thread was runnable but had no CPU. On a machine whose
-cores the engines busy-poll, the last can be most of it: a burst of four requests waited
-50-220 ms here and 781 ms once in CI, for about 6 ms of the proxy's CPU. Those are
-different causes with different cures (a faster proxy, or a core for it), so each
-``request_sent`` event says how the loop spent the time since the request's receipt.
+cores the engines busy-poll, the last can be most of it: the legs of a burst of four
+requests left 26-220 ms after their receipt here (781 ms once in CI), for work that takes
+the proxy a few ms on an idle core. Those are different causes with different cures (a
+faster proxy, or a core for it), so each ``request_sent`` event says how the loop spent
+the time since the request's receipt.
 
 How. Linux's per-thread ``/proc/thread-self/schedstat`` gives the thread's time runnable
 on a run queue (``run_delay``), cumulative, in ns, up to date whenever the thread itself
 reads it (it is added as the thread gets a CPU). The file is opened once, from the
 loop's thread (``thread-self`` is resolved at open), and read with ``pread`` at offset
-0: about 1 us a read, two reads a leg. Its time on a CPU is ``time.thread_time_ns()``:
-schedstat's own run time lags the running thread by up to a scheduler tick (4 ms here).
+0, once at a request's receipt and once at each leg's send: about 3 us a sample here,
+with the thread's time on a CPU from ``time.thread_time_ns()`` (schedstat's own run time
+lags the running thread by up to a scheduler tick, 4 ms here).
 Where the file is missing (macOS, Windows, a kernel without schedstats) the samples are
 None and the events carry no CPU attributes.
 """

@@ -113,7 +113,11 @@ def proxy_process(
             yield proc.pid, url
         finally:
             proc.terminate()
-            proc.wait(10)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:  # never left behind
+                proc.kill()
+                proc.wait()
 
 
 def proc_cpu_s(pid: int) -> float:
