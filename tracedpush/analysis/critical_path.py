@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from tracedpush import semconv as sc
 from tracedpush.analysis import phases as ph
-from tracedpush.analysis.model import Segment, Span
+from tracedpush.analysis.model import Event, Segment, Span
 from tracedpush.analysis.timeline import DECODE, PREFILL, PROXY, TraceIndex, role_of
 
 Ms = Callable[[Span, int], float]  # raw span time (ns) -> corrected ms from receipt
@@ -346,10 +346,12 @@ def _receipt(c: _Ctx, s_x: str, leg: Span | None) -> list[Step]:
     send, at most the whole interval after the catalog wait."""
     root, models = c.ix.root, c.ix.one(sc.SPAN_PROXY_MODELS, PROXY)
     steps: list[Step] = []
-    sent, waited = c.event(leg, sc.EVENT_REQUEST_SENT), _loop_cpu_wait(leg)
-    if sent is not None and waited is not None and waited > 0.0:
+    sent = None if leg is None else leg.event(sc.EVENT_REQUEST_SENT)
+    waited = None if sent is None else _loop_cpu_wait(sent)
+    if leg is not None and sent is not None and waited is not None and waited > 0.0:
         floor = max(c.end(models) or 0.0, 0.0)
-        steps.append(Step(ph.PROXY_CPU_WAIT, s_x, max(sent - waited, floor), root))
+        node = max(c.ms(leg, sent.time_ns) - waited, floor)
+        steps.append(Step(ph.PROXY_CPU_WAIT, s_x, node, root))
     return [
         *steps,
         Step(ph.PROXY, s_x, c.end(models), root, optional=True),
@@ -358,15 +360,12 @@ def _receipt(c: _Ctx, s_x: str, leg: Span | None) -> list[Step]:
     ]
 
 
-def _loop_cpu_wait(leg: Span | None) -> float | None:
-    """ms the proxy's event loop waited for a CPU from receipt to ``leg``'s send (the
-    request_sent event's attribute; None without one)."""
-    for e in () if leg is None else leg.events:
-        if e.name == sc.EVENT_REQUEST_SENT:
-            value = e.attributes.get(sc.LOOP_CPU_WAIT_MS)
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-            return float(value) if ok and math.isfinite(value) else None
-    return None
+def _loop_cpu_wait(sent: Event) -> float | None:
+    """ms the proxy's event loop waited for a CPU from receipt to a leg's send (its
+    request_sent event's attribute; None without a usable one)."""
+    value = sent.attributes.get(sc.LOOP_CPU_WAIT_MS)
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    return float(value) if ok and math.isfinite(value) else None
 
 
 _GAVE_UP = frozenset({sc.ERR_LEASE_EXPIRED, sc.ERR_REGISTRATION_TIMEOUT})

@@ -73,12 +73,17 @@ class Span:
     def instance(self) -> str:
         return self.resource.instance
 
-    def event_ns(self, name: str) -> int | None:
-        """Time of the first event called `name`, if any."""
+    def event(self, name: str) -> Event | None:
+        """The first event called `name`, if any."""
         for ev in self.events:
             if ev.name == name:
-                return ev.time_ns
+                return ev
         return None
+
+    def event_ns(self, name: str) -> int | None:
+        """Time of the first event called `name`, if any."""
+        ev = self.event(name)
+        return None if ev is None else ev.time_ns
 
 
 @dataclass(slots=True)

@@ -170,10 +170,11 @@ class Exchange:
     def __init__(self, state: ProxyState, request: web.Request, route: str) -> None:
         self.state, self.request, self.route = state, request, route
         self.receipt_ns = time.time_ns()
-        self.receipt_cpu = state.loop_cpu.sample()
         self.root = state.spans.start_request(
             request.headers, method=request.method, route=route, start_ns=self.receipt_ns
         )
+        # the loop's CPU clock, for the legs' request_sent events: none when unsampled
+        self.receipt_cpu = state.loop_cpu.sample() if self.root.is_recording() else None
         self.deadline = state.upstream.deadline()
         self.body: dict[str, Any] = {}
         self.stream = False
@@ -196,6 +197,10 @@ class Exchange:
         self._cancel_causes: dict[asyncio.Task[Any], tuple[str, str]] = {}
 
     # -------------------------------------------------------------- leg plumbing
+    def send_clock(self) -> SendClock:
+        """A leg's send clock; it reads the loop's CPU clock when the request has one."""
+        return SendClock(None if self.receipt_cpu is None else self.state.loop_cpu)
+
     def leg_headers(self, span: Span) -> dict[str, str]:
         trace = proxy_spans.trace_headers(span)
         return {"X-Request-Id": self.request_id, **trace, **_client_auth(self.request)}
@@ -300,7 +305,7 @@ async def prefill_leg(ex: Exchange, inst: Instance) -> dict[str, Any]:
     span = state.spans.start_leg(ex.root, semconv.SPAN_PROXY_PREFILL, inst)
     body = prefill_body(ex.body)
     ex.add_trace_context(body[KV_PARAMS], span)
-    sent = SendClock(state.loop_cpu)
+    sent = ex.send_clock()
     try:
         resp = await state.upstream.post(
             "prefill", inst, ex.route, body, ex.leg_headers(span), deadline=ex.deadline, sent=sent
@@ -355,7 +360,7 @@ async def decode_leg(ex: Exchange, inst: Instance, span: Span, kv: dict[str, Any
     body, injected_usage = decode_body(ex.body, kv)
     loop = asyncio.get_running_loop()
     first_byte_at = loop.time() + state.upstream.timeouts.first_byte
-    sent = SendClock(state.loop_cpu)
+    sent = ex.send_clock()
     try:
         resp = await state.upstream.post(
             "decode",
