@@ -10,6 +10,7 @@ phase attribution within 1 ms once corrected, with the estimated offset within i
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 import uuid
 import warnings
@@ -104,6 +105,7 @@ def test_real_critical_path_sums_to_proxy_ttft(pd: Any, mode: str, sent: dict[st
         else:
             assert {phases.RELAY, phases.READ} & phs, r.critical_path
             assert phases.WRITE not in phs
+            _relay_wait_is_named(r, store)
     # requests that failed are analysed too, and say so
     for r in requests_in(run, set(failed)):
         assert r.error is not None or not r.complete
@@ -116,6 +118,29 @@ def test_real_critical_path_sums_to_proxy_ttft(pd: Any, mode: str, sent: dict[st
             f"  {name}: {o.offset_ms:+.3f} +/- {o.bound_ms:.3f} ms [{o.lo_ms:.3f}, {o.hi_ms:.3f}]"
         )
     sent[mode] = (ok, {r.trace_id: r.phase_ms() for r in mine})
+
+
+def _relay_wait_is_named(r: Any, store: TraceStore) -> None:
+    """Pull: `proxy CPU wait` is the first leg's wait since receipt and, in the relay,
+    D's less kv.relay's (the loop's figures at P's answer), as the proxy measured them."""
+    if not os.path.exists("/proc/thread-self/schedstat"):
+        return  # no figures to name it by
+
+    def said(name: str) -> float:
+        span = next(s for s in store.spans(r.trace_id) if s.name == name)
+        if name == sc.SPAN_KV_RELAY:
+            return span.attributes[sc.LOOP_CPU_WAIT_MS]
+        return span.event(sc.EVENT_REQUEST_SENT).attributes[sc.LOOP_CPU_WAIT_MS]
+
+    first, relay, d_leg = (
+        said(n) for n in (sc.SPAN_PROXY_PREFILL, sc.SPAN_KV_RELAY, sc.SPAN_PROXY_DECODE)
+    )
+    assert first <= relay <= d_leg, (first, relay, d_leg)
+    waited = sum(s.duration_ms for s in r.critical_path if s.phase == phases.PROXY_CPU_WAIT)
+    assert waited == pytest.approx(first + d_leg - relay, abs=0.05), r.critical_path
+    relayed = sum(s.duration_ms for s in r.critical_path if s.phase == phases.RELAY)
+    print(f"  {r.request_id}: proxy CPU wait {first:.2f} ms to P's send, {d_leg - relay:.2f} "
+          f"ms in the relay (relay's own time {relayed:.2f} ms)")  # fmt: skip
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -552,6 +552,36 @@ def test_the_cpu_wait_is_read_from_the_leg_on_the_path() -> None:
     ]
 
 
+def _relay_said(waited: Any) -> list[Span]:
+    """A pull trace whose kv.relay says the loop had waited ``waited`` ms by P's answer,
+    and whose D leg says 0.55 ms by D's bytes out (both since receipt)."""
+    spec = pull_spec()
+    if waited is not None:
+        spec[sc.SPAN_KV_RELAY] = ("proxy", 64.5, 65, {sc.LOOP_CPU_WAIT_MS: waited})
+    return _loop_said(trace("pull", spec), sc.SPAN_PROXY_DECODE, 0.55)
+
+
+def test_pulls_relay_names_the_loops_wait_for_a_cpu_since_ps_answer() -> None:
+    """kv.relay carries the loop's figures at P's answer; D's request_sent, since receipt,
+    less them is the relay's own wait: `proxy CPU wait` just before D's bytes out, `relay`
+    the rest. The first leg's figures (none here) are not the relay's."""
+    segs = path_of(_relay_said(0.25))
+    i = segs.index((phases.RELAY, 64.5, 0.2))
+    assert segs[i + 1 : i + 3] == [
+        (phases.PROXY_CPU_WAIT, 64.7, 0.3),  # 0.55 - 0.25 -> D's bytes out at 65
+        (phases.NETWORK, 65.0, 1.0),
+    ]
+    assert sum(s[2] for s in segs) == pytest.approx(120.0)  # TTFT whole
+    # a wait longer than the relay stops at its start (P's answer); none without kv.relay's
+    # figure (a proxy from before it, or without schedstat), or when nothing was added
+    segs = path_of(_relay_said(0.0))
+    assert (phases.PROXY_CPU_WAIT, 64.5, 0.5) in segs and phases.RELAY not in [s[0] for s in segs]
+    for waited in (None, 0.55, 0.9, "0.2", float("inf")):
+        segs = path_of(_relay_said(waited))
+        assert (phases.RELAY, 64.5, 0.5) in segs, waited
+        assert phases.PROXY_CPU_WAIT not in [s[0] for s in segs], waited
+
+
 @pytest.mark.parametrize("mode", ["push", "pull"])
 def test_without_request_sent_network_starts_at_the_leg_start(mode: str) -> None:
     spec = push_spec() if mode == "push" else pull_spec()

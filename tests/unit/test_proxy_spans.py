@@ -164,6 +164,18 @@ def test_each_leg_records_when_its_bytes_left(mode):
                 assert on_cpu > 0.0 and waited >= 0.0, events[0].attributes
                 # each sample is read just after its time stamp
                 assert on_cpu + waited <= since_receipt + 1.0, events[0].attributes
+        if mode == "pull" and os.path.exists("/proc/thread-self/schedstat"):
+            # kv.relay: the same figures at P's answer, between the legs' (none later than
+            # D's send, none earlier than P's), so D's less the relay's is the relay's own
+            relay = spans[semconv.SPAN_KV_RELAY].attributes
+            legs = [
+                next(e for e in spans[n].events if e.name == semconv.EVENT_REQUEST_SENT)
+                for n in (semconv.SPAN_PROXY_PREFILL, semconv.SPAN_PROXY_DECODE)
+            ]
+            for key in (semconv.LOOP_ON_CPU_MS, semconv.LOOP_CPU_WAIT_MS):
+                p_said, d_said = (e.attributes[key] for e in legs)
+                assert p_said <= relay[key] <= d_said, (key, p_said, relay[key], d_said)
+            assert relay[semconv.LOOP_ON_CPU_MS] < legs[1].attributes[semconv.LOOP_ON_CPU_MS]
 
     run(scenario)
 

@@ -22,7 +22,8 @@ push: first token <- decode end <- kv.notify end <- kv.notify start <- WRITE lan
       P's writer never had the request.
 pull: first token <- decode end <- kv.read end (minus its polling lag) <- kv.read start
       <- kv.desc_prep <- blocks_allocated (step handoff) <- D's queue wait, api server,
-      network <- proxy.decode request_sent <- relay (kv.relay start) <- proxy.prefill end
+      network <- proxy.decode request_sent <- relay (kv.relay start; proxy CPU wait
+      just before the send: D's request_sent wait less kv.relay's) <- proxy.prefill end
       (response) <- prefill end <- P's prefill compute, queue wait, api server, network
       <- proxy.prefill request_sent <- receipt (proxy, and proxy CPU wait as in push).
 
@@ -41,12 +42,13 @@ not.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from tracedpush import semconv as sc
 from tracedpush.analysis import phases as ph
-from tracedpush.analysis.model import Event, Segment, Span
+from tracedpush.analysis.model import Segment, Span
 from tracedpush.analysis.timeline import DECODE, PREFILL, PROXY, TraceIndex, role_of
 
 Ms = Callable[[Span, int], float]  # raw span time (ns) -> corrected ms from receipt
@@ -345,25 +347,33 @@ def _receipt(c: _Ctx, s_x: str, leg: Span | None) -> list[Step]:
     The CPU wait is interleaved with the work; it is drawn as one block just before the
     send, at most the whole interval after the catalog wait."""
     root, models = c.ix.root, c.ix.one(sc.SPAN_PROXY_MODELS, PROXY)
-    steps: list[Step] = []
-    sent = None if leg is None else leg.event(sc.EVENT_REQUEST_SENT)
-    waited = None if sent is None else _loop_cpu_wait(sent)
-    if leg is not None and sent is not None and waited is not None and waited > 0.0:
-        floor = max(c.end(models) or 0.0, 0.0)
-        node = max(c.ms(leg, sent.time_ns) - waited, floor)
-        steps.append(Step(ph.PROXY_CPU_WAIT, s_x, node, root))
+    floor = max(c.end(models) or 0.0, 0.0)
     return [
-        *steps,
+        *_cpu_wait(c, s_x, leg, 0.0, floor, root),
         Step(ph.PROXY, s_x, c.end(models), root, optional=True),
         Step(ph.MODEL_LOOKUP, s_x, c.start(models), models, optional=True),
         Step(ph.PROXY, s_x, 0.0, root),
     ]
 
 
-def _loop_cpu_wait(sent: Event) -> float | None:
-    """ms the proxy's event loop waited for a CPU from receipt to a leg's send (its
-    request_sent event's attribute; None without a usable one)."""
-    value = sent.attributes.get(sc.LOOP_CPU_WAIT_MS)
+def _cpu_wait(
+    c: _Ctx, s_x: str, leg: Span | None, before: float | None, floor: float, owner: Span | None
+) -> list[Step]:
+    """`proxy CPU wait` before ``leg``'s bytes left: its request_sent's wait since receipt
+    less ``before`` (the wait since receipt at the interval's start), drawn as one block
+    just before the send, never earlier than ``floor``. None without both figures."""
+    sent = None if leg is None else leg.event(sc.EVENT_REQUEST_SENT)
+    since = None if sent is None else _loop_cpu_wait(sent.attributes)
+    if leg is None or sent is None or since is None or before is None or since - before <= 0:
+        return []
+    node = max(c.ms(leg, sent.time_ns) - (since - before), floor)
+    return [Step(ph.PROXY_CPU_WAIT, s_x, node, owner)]
+
+
+def _loop_cpu_wait(attributes: Mapping[str, Any]) -> float | None:
+    """ms the proxy's event loop waited for a CPU since the request's receipt (the
+    attribute of a request_sent event or of kv.relay; None without a usable one)."""
+    value = attributes.get(sc.LOOP_CPU_WAIT_MS)
     ok = isinstance(value, int | float) and not isinstance(value, bool)
     return float(value) if ok and math.isfinite(value) else None
 
@@ -428,7 +438,9 @@ def _pull_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
     ]
     if relay is not None:
         d_leg, more = _leg(c, dec, sc.SPAN_DECODE, s_d, pd, c.end(relay), "")
-        steps += [*d_leg, Step(ph.RELAY, s_x, c.start(relay), relay)]
+        start = c.start(relay)  # P's answer: the wait since then is the relay's
+        waited = _cpu_wait(c, s_x, pd, _loop_cpu_wait(relay.attributes), start or 0.0, relay)
+        steps += [*d_leg, *waited, Step(ph.RELAY, s_x, start, relay)]
     else:
         d_leg, more = _leg(c, dec, sc.SPAN_DECODE, s_d, pd, c.start(pd), sc.SPAN_KV_RELAY)
         steps += d_leg

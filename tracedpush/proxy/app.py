@@ -35,7 +35,7 @@ from tracedpush.proxy.errors import (
     sse_error_event,
 )
 from tracedpush.proxy.fields import json_shape_problem, short
-from tracedpush.proxy.loop_cpu import LoopCpu
+from tracedpush.proxy.loop_cpu import CpuSample, LoopCpu, spent_ms
 from tracedpush.proxy.metrics import ProxyMetrics, sink_drop_stats
 from tracedpush.proxy.models import (
     MODEL_CACHE_TTL_S,
@@ -186,6 +186,7 @@ class Exchange:
         self.decode_token_ns: int | None = None  # first token received from D
         self.last_byte_ns: int | None = None
         self.prefill_done_ns: int | None = None
+        self.prefill_done_cpu: CpuSample | None = None  # the loop's CPU clock then (pull's relay)
         self.prompt_tokens: int | None = None
         self.output_tokens: int | None = None
         self.token_events = 0
@@ -200,6 +201,10 @@ class Exchange:
     def send_clock(self) -> SendClock:
         """A leg's send clock; it reads the loop's CPU clock when the request has one."""
         return SendClock(None if self.receipt_cpu is None else self.state.loop_cpu)
+
+    def loop_cpu_now(self) -> CpuSample | None:
+        """The loop's CPU clock now, when the request has one (its spans are recorded)."""
+        return None if self.receipt_cpu is None else self.state.loop_cpu.sample()
 
     def leg_headers(self, span: Span) -> dict[str, str]:
         trace = proxy_spans.trace_headers(span)
@@ -314,6 +319,7 @@ async def prefill_leg(ex: Exchange, inst: Instance) -> dict[str, Any]:
         span.set_attribute(semconv.HTTP_STATUS, resp.status)
         data, _ = await state.upstream.read_json("prefill", inst, resp, deadline=ex.deadline)
         ex.prefill_done_ns = time.time_ns()
+        ex.prefill_done_cpu = ex.loop_cpu_now()
         if ex.prompt_tokens is None and isinstance(data.get("usage"), dict):
             ex.note_usage({"prompt_tokens": data["usage"].get("prompt_tokens")})
         _learn_from_prefill(ex, inst, span, data.get(KV_PARAMS))
@@ -438,7 +444,9 @@ async def _relay_stream(
 async def pull_flow(ex: Exchange, p: Instance, d: Instance) -> None:
     state = ex.state
     answer = await prefill_leg(ex, p)
-    relay = state.spans.start_relay(ex.root, ex.prefill_done_ns or time.time_ns())
+    relay = state.spans.start_relay(
+        ex.root, ex.prefill_done_ns or time.time_ns(), spent_ms(ex.receipt_cpu, ex.prefill_done_cpu)
+    )
     kv = answer.get(KV_PARAMS)
     problems = decode_params_problems(kv, "pull")
     if problems:

@@ -22,6 +22,8 @@ from tracedpush.proxy.sampling import SamplerInfo, describe
 from tracedpush.proxy.upstream import SendClock
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+# the event loop's figures since a request's receipt (`loop_cpu.spent_ms`'s order)
+_LOOP_KEYS = (semconv.LOOP_ON_CPU_MS, semconv.LOOP_CPU_WAIT_MS)
 
 
 class ProxySpans:
@@ -90,14 +92,21 @@ class ProxySpans:
             attributes=attributes,
         )
 
-    def start_relay(self, root: Span, start_ns: int) -> Span:
-        """Pull only: P's answer in hand -> D's request sent."""
+    def start_relay(
+        self, root: Span, start_ns: int, loop: tuple[float, float] | None = None
+    ) -> Span:
+        """Pull only: P's answer in hand -> D's request sent. ``loop``: how the event loop
+        spent the time from the request's receipt to P's answer (`loop_cpu.spent_ms`),
+        so that D's ``request_sent`` figures, also since receipt, give the relay's own."""
+        attributes: dict[str, Any] = {semconv.MODE: self.mode, semconv.ROLE: "proxy"}
+        if loop is not None:
+            attributes.update(zip(_LOOP_KEYS, loop, strict=True))
         return self.tracer.start_span(
             semconv.SPAN_KV_RELAY,
             context=trace.set_span_in_context(root),
             kind=SpanKind.INTERNAL,
             start_time=start_ns,
-            attributes={semconv.MODE: self.mode, semconv.ROLE: "proxy"},
+            attributes=attributes,
         )
 
     def model_lookup(self, root: Span, start_ns: int, fetched: bool, answered: bool) -> None:
@@ -146,9 +155,6 @@ def fail(span: Span, error_type: str, description: str) -> None:
 def _failed(span: Span) -> bool:
     attributes = getattr(span, "attributes", None) or {}
     return semconv.ERROR_TYPE in attributes
-
-
-_LOOP_KEYS = (semconv.LOOP_ON_CPU_MS, semconv.LOOP_CPU_WAIT_MS)
 
 
 def sent(span: Span, clock: SendClock, receipt_cpu: CpuSample | None = None) -> None:

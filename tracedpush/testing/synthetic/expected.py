@@ -39,11 +39,11 @@ class SyntheticRequest:
 
 
 def expected_path(
-    leg: PushLeg | PullLeg, lookup: bool = False, cpu_wait: bool = False
+    leg: PushLeg | PullLeg, lookup: bool = False, cpu_wait: bool = False, relay_wait: bool = False
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(phases on the critical path in order, phases hidden); `lookup`: the request
     waited for the proxy's model catalog after receipt; `cpu_wait`: the proxy's event loop
-    waited for a CPU before the first leg's bytes left."""
+    waited for a CPU before the first leg's bytes left; `relay_wait`: and in pull's relay."""
     if isinstance(leg, PushLeg):
         p_leg = [ph.PROXY, ph.NETWORK, ph.API_SERVER, ph.QUEUE_WAIT]
         p_parts = [ph.API_SERVER, ph.QUEUE_WAIT, ph.PREFILL_COMPUTE]
@@ -63,6 +63,7 @@ def expected_path(
     else:
         engine_leg = [ph.NETWORK, ph.API_SERVER, ph.QUEUE_WAIT]
         path = [ph.PROXY, *engine_leg, ph.PREFILL_COMPUTE, ph.RESPONSE, ph.PROXY, ph.RELAY]
+        path += [ph.PROXY_CPU_WAIT] if relay_wait else []
         path += [*engine_leg, ph.STEP_HANDOFF]
         if leg.handshake:
             path += [ph.HANDSHAKE, ph.STEP_HANDOFF]

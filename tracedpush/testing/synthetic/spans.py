@@ -141,7 +141,7 @@ def emit_request(
             (sc.EVENT_COMPUTE_STARTED, pre.compute_start),
         ],
     )
-    relayed = 0.0  # the proxy loop's work between the legs
+    relayed = 0.0  # the proxy loop's time between the legs
     if isinstance(leg, PullLeg):
         relayed = leg.d_sent - leg.relay_start
         emit(
@@ -150,7 +150,7 @@ def emit_request(
             sc.SPAN_KV_RELAY,
             leg.relay_start,
             leg.relay_end,
-            {**common, sc.ROLE: "proxy"},
+            {**common, sc.ROLE: "proxy", **a.loop_at(pre.p_sent)},  # at P's answer
         )
     pdid = emit(
         "proxy",

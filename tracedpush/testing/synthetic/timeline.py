@@ -88,13 +88,23 @@ class Arrival:
         as they were). At most 0.25 ms, less than the legs take to build."""
         return round(min(0.25, 0.05 * (self.load - 1)), 3)
 
-    def loop_at(self, sent: float, work: float = 0.0) -> dict[str, float]:
-        """The ``request_sent`` event's loop figures for a leg sent at ``sent`` (the proxy's
-        ``loop_cpu``): busy from the catalog's answer until the first send but for its
-        wait, plus ``work`` more before this one (pull's relay)."""
+    @property
+    def relay_wait(self) -> float:
+        """ms the loop waited for a CPU during pull's relay (P's answer -> D's bytes out),
+        by the same rule: at most 0.08 ms, less than the relay takes."""
+        return round(min(0.08, 0.02 * (self.load - 1)), 3)
+
+    def loop_at(self, sent: float, relay: float = 0.0) -> dict[str, float]:
+        """The loop figures since receipt (the proxy's ``loop_cpu``) for a leg sent at
+        ``sent``: busy from the catalog's answer until the first send but for its wait,
+        then, for pull's D leg, the ``relay`` ms from P's answer but for the relay's wait."""
         first = min(sent, self.legs_from + 0.5)
-        on_cpu = max(0.0, first - self.legs_from - self.loop_wait) + work
-        return {sc.LOOP_ON_CPU_MS: round(on_cpu, 3), sc.LOOP_CPU_WAIT_MS: self.loop_wait}
+        on_cpu = max(0.0, first - self.legs_from - self.loop_wait)
+        waited = self.loop_wait
+        if relay:
+            on_cpu += relay - self.relay_wait
+            waited += self.relay_wait
+        return {sc.LOOP_ON_CPU_MS: round(on_cpu, 3), sc.LOOP_CPU_WAIT_MS: round(waited, 3)}
 
     @property
     def step(self) -> float:
