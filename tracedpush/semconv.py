@@ -254,6 +254,8 @@ EVENT_REQUEST_SENT: Final = "request_sent"  # proxy.prefill, proxy.decode: bytes
 # the bytes were written again on a new one; attribute RESENT_REASON (what the first failed with)
 EVENT_REQUEST_RESENT: Final = "request_resent"
 EVENT_HTTP_RECEIVED: Final = "http_received"  # prefill, decode: engine's HTTP server has it
+# prefill, decode: vLLM's arrival_time (its API server starts rendering the prompt)
+EVENT_VLLM_ARRIVAL: Final = "vllm_arrival"
 EVENT_SCHEDULER_RECEIVED: Final = "scheduler_received"  # prefill, decode: EngineCore has it
 EVENT_COMPUTE_STARTED: Final = "compute_started"  # prefill: first scheduled for compute
 EVENT_BLOCKS_ALLOCATED: Final = "blocks_allocated"  # decode: D's KV blocks allocated

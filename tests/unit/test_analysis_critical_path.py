@@ -439,6 +439,40 @@ def test_without_http_received_network_falls_back_to_the_span_start(mode: str) -
     assert phases.API_SERVER not in r.engine_phases_ms["prefill"]  # not measured
 
 
+def _with_arrival(spans: list[Span], span: str, at_ms: float) -> list[Span]:
+    """Give ``span`` a vllm_arrival event at ``at_ms``."""
+    for s in spans:
+        if s.name == span:
+            s.events.append(Event(sc.EVENT_VLLM_ARRIVAL, ns(at_ms), {}))
+    return spans
+
+
+@pytest.mark.parametrize("mode", ["push", "pull"])
+def test_vllms_arrival_splits_the_api_server_from_engine_input(mode: str) -> None:
+    """vllm_arrival between http_received and scheduler_received: `api server` until it
+    (HTTP, validation), `engine input` after it (tokenization, IPC, the EngineCore taking
+    it between steps), on the path and in the engine's own phases. Outside that window
+    (another clock's value, a bad event) it is ignored: the whole is `api server`."""
+    spec = push_spec() if mode == "push" else pull_spec()
+    (r,) = exact(_with_arrival(trace(mode, spec), sc.SPAN_PREFILL, 2.25)).requests
+    segs = [(s.phase, round(s.start_ms, 6), round(s.duration_ms, 6)) for s in r.critical_path]
+    assert segs[1:4] == [
+        (phases.NETWORK, 1.0, 1.0),
+        (phases.API_SERVER, 2.0, 0.25),  # http_received -> vllm_arrival
+        (phases.ENGINE_INPUT, 2.25, 0.75),  # -> scheduler_received at 3
+    ]
+    assert segs[4][:2] == (phases.QUEUE_WAIT, 3.0)
+    pre = r.engine_phases_ms["prefill"]
+    assert (pre[phases.API_SERVER], pre[phases.ENGINE_INPUT]) == pytest.approx((0.25, 0.75))
+    assert phases.ENGINE_INPUT not in r.engine_phases_ms["decode"]
+    for at in (1.5, 3.5):
+        (r,) = exact(_with_arrival(trace(mode, spec), sc.SPAN_PREFILL, at)).requests
+        assert (phases.API_SERVER, 2.0, 1.0) in [
+            (s.phase, round(s.start_ms, 6), round(s.duration_ms, 6)) for s in r.critical_path
+        ], at
+        assert phases.ENGINE_INPUT not in r.engine_phases_ms["prefill"], at
+
+
 def test_network_starts_when_the_bytes_left_the_proxy() -> None:
     """Building a leg is the proxy's work; `network` starts at request_sent. In pull, the
     wait between the relay span's end and D's bytes leaving belongs to the relay."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 
+import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from test_span_builder import BASE, D_ID, MS, P_ID, P_PARENT, TRACE, by_name, make, reg_msg
 
@@ -38,8 +39,10 @@ def test_prefill_span_starts_at_http_receipt_and_counts_its_steps():
     span = by_name(exp)[semconv.SPAN_PREFILL]
     assert span.start_time == 1000 * MS  # http_received, before vLLM's arrival_time
     events = {e.name: e.timestamp for e in span.events}
+    assert events[semconv.EVENT_VLLM_ARRIVAL] == pytest.approx(1005 * MS, abs=1000)  # float s
     assert events == {
         semconv.EVENT_HTTP_RECEIVED: 1000 * MS,
+        semconv.EVENT_VLLM_ARRIVAL: events[semconv.EVENT_VLLM_ARRIVAL],
         semconv.EVENT_SCHEDULER_RECEIVED: 1010 * MS,
         semconv.EVENT_COMPUTE_STARTED: 1020 * MS,
     }
@@ -56,7 +59,8 @@ def test_without_the_middleware_the_span_starts_at_arrival():
     )
     span = by_name(exp)[semconv.SPAN_PREFILL]
     assert abs(span.start_time - 1005 * MS) < 1000  # arrival_time is a float in seconds
-    assert semconv.EVENT_HTTP_RECEIVED not in [e.name for e in span.events]
+    names = [e.name for e in span.events]  # vLLM's arrival is the start: no event for it
+    assert semconv.EVENT_HTTP_RECEIVED not in names and semconv.EVENT_VLLM_ARRIVAL not in names
 
 
 def test_rendezvous_carries_the_hand_off_to_the_writer():

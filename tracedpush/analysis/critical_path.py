@@ -11,21 +11,22 @@ push: first token <- decode end <- kv.notify end <- kv.notify start <- WRITE lan
       kv.rendezvous end (writer starts it) <- handed_to_writer (writer queue) <-
       max(prefill_finished, registration_arrived) (step handoff) <- whichever input came
       second: P's leg (prefill compute <- compute_started, queue wait <-
-      scheduler_received, api server <- http_received, network <- proxy.prefill
-      request_sent),
+      scheduler_received, engine input <- vllm_arrival, api server <- http_received,
+      network <- proxy.prefill request_sent),
       or D's (registration delivery <- kv.register end, registration <- blocks_allocated,
-      queue wait <- scheduler_received, api server <- http_received, network <-
-      proxy.decode request_sent) <- receipt (proxy, and proxy CPU wait: the proxy's
-      event loop runnable without a CPU, from the first leg's request_sent event, drawn
-      just before the send). A rendezvous that ended without D's registration and no
-      WRITE (P gave up on it): kv.notify start <- D's chain from its registration on;
-      P's writer never had the request.
+      queue wait <- scheduler_received, engine input <- vllm_arrival, api server <-
+      http_received, network <- proxy.decode request_sent) <- receipt (proxy, and proxy
+      CPU wait: the proxy's event loop runnable without a CPU, from the first leg's
+      request_sent event, drawn just before the send). A rendezvous that ended without
+      D's registration and no WRITE (P gave up on it): kv.notify start <- D's chain from
+      its registration on; P's writer never had the request.
 pull: first token <- decode end <- kv.read end (minus its polling lag) <- kv.read start
-      <- kv.desc_prep <- blocks_allocated (step handoff) <- D's queue wait, api server,
-      network <- proxy.decode request_sent <- relay (kv.relay start; proxy CPU wait
-      just before the send: D's request_sent wait less kv.relay's) <- proxy.prefill end
-      (response) <- prefill end <- P's prefill compute, queue wait, api server, network
-      <- proxy.prefill request_sent <- receipt (proxy, and proxy CPU wait as in push).
+      <- kv.desc_prep <- blocks_allocated (step handoff) <- D's queue wait, engine
+      input, api server, network <- proxy.decode request_sent <- relay (kv.relay start;
+      proxy CPU wait just before the send: D's request_sent wait less kv.relay's) <-
+      proxy.prefill end (response) <- prefill end <- P's prefill compute, queue wait,
+      engine input, api server, network <- proxy.prefill request_sent <- receipt
+      (proxy, and proxy CPU wait as in push).
 
 Each step cuts a segment [its node, the cursor]; nodes later than the cursor are
 clamped to it (and reported when the excess is more than clock noise), so segments are
@@ -44,12 +45,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from tracedpush import semconv as sc
 from tracedpush.analysis import phases as ph
 from tracedpush.analysis.model import Segment, Span
 from tracedpush.analysis.timeline import DECODE, PREFILL, PROXY, TraceIndex, role_of
+
+Num = TypeVar("Num", int, float)
 
 Ms = Callable[[Span, int], float]  # raw span time (ns) -> corrected ms from receipt
 
@@ -189,8 +192,9 @@ def _leg(
     sent_need: str,
 ) -> tuple[list[Step], list[str]]:
     """An engine leg from scheduler_received back to the proxy sending it: queue wait
-    (node scheduler_received), api server (http_received), network (the proxy leg's
-    request_sent; without it, `fallback`: the leg's start). The caller's previous step
+    (node scheduler_received), engine input (vllm_arrival, when it lies between),
+    api server (http_received), network (the proxy leg's request_sent; without it,
+    `fallback`: the leg's start). The caller's previous step
     ends the queue wait (compute_started, blocks_allocated). A leg sent again after the
     engine closed its kept-alive connection unanswered (``request_resent``): network from
     the second send, and the time before it, back to the first, is the engine's api
@@ -216,6 +220,8 @@ def _leg(
         steps.append(Step(ph.QUEUE_WAIT, svc, http, span, need=name))
     else:
         steps.append(Step(ph.QUEUE_WAIT, svc, sched, span, need=name))
+        arrival = _arrival(c, span, http, sched)
+        steps.append(Step(ph.ENGINE_INPUT, svc, arrival, span, optional=True))
         steps.append(Step(ph.API_SERVER, svc, http, span, need=name))
     again = c.event(proxy_leg, sc.EVENT_REQUEST_RESENT)
     if again is not None:  # the engine closed the kept-alive connection unanswered: its API
@@ -224,6 +230,17 @@ def _leg(
     else:
         steps.append(Step(ph.NETWORK, svc, sent, None, need=sent_need))
     return steps, problems
+
+
+def _arrival(c: _Ctx, span: Span | None, http: float | None, sched: float | None) -> float | None:
+    """vLLM's arrival_time (the span's vllm_arrival event) when it splits api server from
+    engine input: between http_received and scheduler_received (one engine's clock)."""
+    return _between(http, c.event(span, sc.EVENT_VLLM_ARRIVAL), sched)
+
+
+def _between(a: Num | None, x: Num | None, b: Num | None) -> Num | None:
+    """``x`` when it lies within [a, b], all three known; else None."""
+    return x if a is not None and x is not None and b is not None and a <= x <= b else None
 
 
 def _push_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, list[str]]:
@@ -597,7 +614,8 @@ def _clip(
 
 
 def _engine_parts(c: _Ctx, s: Span) -> list[tuple[str, float | None, float | None]]:
-    """A hidden `prefill` span as its phases: api server, queue wait, prefill compute."""
+    """A hidden `prefill` span as its phases: api server, engine input, queue wait,
+    prefill compute."""
     http = c.event(s, sc.EVENT_HTTP_RECEIVED) or c.start(s)
     sched = c.event(s, sc.EVENT_SCHEDULER_RECEIVED)
     compute = c.event(s, sc.EVENT_COMPUTE_STARTED)
@@ -605,8 +623,11 @@ def _engine_parts(c: _Ctx, s: Span) -> list[tuple[str, float | None, float | Non
         return [(ph.PREFILL_COMPUTE, c.start(s), c.end(s))]
     if sched is None:
         return [(ph.QUEUE_WAIT, http, compute), (ph.PREFILL_COMPUTE, compute, c.end(s))]
+    arrival = _arrival(c, s, http, sched)
+    inputs = [] if arrival is None else [(ph.ENGINE_INPUT, arrival, sched)]
     return [
-        (ph.API_SERVER, http, sched),
+        (ph.API_SERVER, http, sched if arrival is None else arrival),
+        *inputs,
         (ph.QUEUE_WAIT, sched, compute),
         (ph.PREFILL_COMPUTE, compute, c.end(s)),
     ]
@@ -693,7 +714,13 @@ def engine_phases(ix: TraceIndex) -> dict[str, dict[str, float]]:
     }
     for role, span in ((PREFILL, pre), (DECODE, dec)):
         sched = _ev(span, sc.EVENT_SCHEDULER_RECEIVED)
-        put(role, ph.API_SERVER, _gap_ms(_ev(span, sc.EVENT_HTTP_RECEIVED), sched))
+        http = _ev(span, sc.EVENT_HTTP_RECEIVED)
+        arrival = _between(http, _ev(span, sc.EVENT_VLLM_ARRIVAL), sched)
+        if arrival is not None:  # vLLM took it in: api server, then engine input
+            put(role, ph.API_SERVER, _gap_ms(http, arrival))
+            put(role, ph.ENGINE_INPUT, _gap_ms(arrival, sched))
+        else:
+            put(role, ph.API_SERVER, _gap_ms(http, sched))
         queue_end = sc.EVENT_COMPUTE_STARTED if role == PREFILL else sc.EVENT_BLOCKS_ALLOCATED
         put(role, ph.QUEUE_WAIT, _gap_ms(sched, _ev(span, queue_end)))
         for h in hs[role]:

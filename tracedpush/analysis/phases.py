@@ -21,7 +21,8 @@ from tracedpush import semconv as sc
 
 # every leg (P's, D's)
 NETWORK: Final = "network"  # the leg's bytes leave the proxy -> the engine's kernel has them
-API_SERVER: Final = "api server"  # http_received -> scheduler_received
+API_SERVER: Final = "api server"  # http_received -> vllm_arrival (else scheduler_received)
+ENGINE_INPUT: Final = "engine input"  # vllm_arrival -> scheduler_received
 QUEUE_WAIT: Final = "queue wait"  # scheduler_received -> compute_started / blocks_allocated
 PREFILL_COMPUTE: Final = "prefill compute"  # P: compute_started -> prefill finished
 # pull, after prefill
@@ -51,6 +52,7 @@ UNATTRIBUTED: Final = "unattributed"  # a gap whose bounding spans or events are
 PHASES: Final = (
     NETWORK,
     API_SERVER,
+    ENGINE_INPUT,
     QUEUE_WAIT,
     PREFILL_COMPUTE,
     RESPONSE,
@@ -81,8 +83,12 @@ REMOVED: Final = ("prefill", "decode admission", "rendezvous wait")
 DESCRIPTIONS: Final = {
     NETWORK: "transport: a leg's bytes leave the proxy -> they are in the engine host's "
     "socket (proxy.prefill / proxy.decode request_sent -> http_received)",
-    API_SERVER: "the engine's API server: waiting for its loop and core, HTTP parsing, "
-    "tokenization, IPC to the engine core (http_received -> scheduler_received)",
+    API_SERVER: "the engine's API server until vLLM takes the request in: waiting for its "
+    "loop and core, HTTP parsing, validation (http_received -> vllm_arrival; without that "
+    "event, to scheduler_received: engine input too)",
+    ENGINE_INPUT: "vLLM's arrival_time -> the EngineCore's scheduler has it: the prompt "
+    "rendered and tokenized, the request sent to the EngineCore process, and taken by its "
+    "busy loop between two engine steps (vllm_arrival -> scheduler_received)",
     QUEUE_WAIT: "the scheduler's waiting queue (scheduler_received -> compute_started on P, "
     "-> blocks_allocated on D; vLLM's request_queue_time on P)",
     PREFILL_COMPUTE: "P: first scheduled -> prefill finished, chunked steps included "
@@ -148,6 +154,7 @@ SPAN_PHASE: Final = {
 COLORS: Final = {
     NETWORK: "#c7c7c7",
     API_SERVER: "#dbdb8d",
+    ENGINE_INPUT: "#e7cb94",
     QUEUE_WAIT: "#98df8a",
     PREFILL_COMPUTE: "#2ca02c",
     RESPONSE: "#aec7e8",

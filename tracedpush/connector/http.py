@@ -1,8 +1,9 @@
 """An ASGI middleware for vLLM's API server: the moment the engine's HTTP server had a request.
 
 Without it, the time between the proxy sending a leg and vLLM's ``arrival_time`` (taken
-after parsing and tokenization) looks like network time; under load it is mostly the API
-server's own work. Install it with vLLM's own flag, on P and on D:
+after parsing, as vLLM starts rendering the prompt) looks like network time; under load
+it is mostly the API server waiting for its loop and core. Install it with vLLM's own
+flag, on P and on D:
 
     python -m vllm.entrypoints.openai.api_server ... \\
         --middleware tracedpush.connector.http.ReceiptMiddleware

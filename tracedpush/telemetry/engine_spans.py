@@ -2,8 +2,8 @@
 
 It starts when the engine's HTTP server had the request (the API-server middleware's
 `http_received`), else at vLLM's arrival_time, and carries the events that bound each
-engine-local phase: `http_received`, `scheduler_received`, then `compute_started` (P) or
-`blocks_allocated` / `kv_received` (D). See docs/spans.md.
+engine-local phase: `http_received`, `vllm_arrival`, `scheduler_received`, then
+`compute_started` (P) or `blocks_allocated` / `kv_received` (D). See docs/spans.md.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ class EngineSpanEmitter(Emitter):
             req.done = final  # only worker-ish events seen: nothing to build
             return
         events = []
-        if req.received:
+        if req.received:  # and vLLM's arrival_time, which splits the API server's time
             events.append(Event(semconv.EVENT_HTTP_RECEIVED, timestamp=req.received))
+            events.append(Event(semconv.EVENT_VLLM_ARRIVAL, timestamp=req.arrival))
         if req.sched_recv:
             events.append(Event(semconv.EVENT_SCHEDULER_RECEIVED, timestamp=req.sched_recv))
         if self.spans.cfg.role == "prefill":

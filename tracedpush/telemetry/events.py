@@ -28,7 +28,7 @@ class New(NamedTuple):
 
     t: int
     req_id: str
-    arrival_s: float  # vLLM's arrival_time (API server, after tokenization)
+    arrival_s: float  # vLLM's arrival_time (API server, as it starts rendering the prompt)
     prompt_len: int
     traceparent: str | None
     received_ns: int  # the engine's HTTP server had it (middleware), 0 if unknown

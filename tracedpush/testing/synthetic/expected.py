@@ -39,14 +39,20 @@ class SyntheticRequest:
 
 
 def expected_path(
-    leg: PushLeg | PullLeg, lookup: bool = False, cpu_wait: bool = False, relay_wait: bool = False
+    leg: PushLeg | PullLeg,
+    lookup: bool = False,
+    cpu_wait: bool = False,
+    relay_wait: bool = False,
+    engine_input: bool = True,
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(phases on the critical path in order, phases hidden); `lookup`: the request
     waited for the proxy's model catalog after receipt; `cpu_wait`: the proxy's event loop
-    waited for a CPU before the first leg's bytes left; `relay_wait`: and in pull's relay."""
+    waited for a CPU before the first leg's bytes left; `relay_wait`: and in pull's relay;
+    `engine_input`: the engine spans have vllm_arrival (with http_received)."""
+    api = [ph.API_SERVER, ph.ENGINE_INPUT] if engine_input else [ph.API_SERVER]
     if isinstance(leg, PushLeg):
-        p_leg = [ph.PROXY, ph.NETWORK, ph.API_SERVER, ph.QUEUE_WAIT]
-        p_parts = [ph.API_SERVER, ph.QUEUE_WAIT, ph.PREFILL_COMPUTE]
+        p_leg = [ph.PROXY, ph.NETWORK, *api, ph.QUEUE_WAIT]
+        p_parts = [*api, ph.QUEUE_WAIT, ph.PREFILL_COMPUTE]
         if leg.rdv_first == "registration":  # prefill came second: P's leg is on the path
             path = [*p_leg, ph.PREFILL_COMPUTE]
             hidden = [ph.REGISTRATION]
@@ -61,7 +67,7 @@ def expected_path(
         path += [ph.WRITE, ph.NOTIFICATION, ph.DECODE_SCHEDULING]
         hidden.append(ph.POLL_LAG)
     else:
-        engine_leg = [ph.NETWORK, ph.API_SERVER, ph.QUEUE_WAIT]
+        engine_leg = [ph.NETWORK, *api, ph.QUEUE_WAIT]
         path = [ph.PROXY, *engine_leg, ph.PREFILL_COMPUTE, ph.RESPONSE, ph.PROXY, ph.RELAY]
         path += [ph.PROXY_CPU_WAIT] if relay_wait else []
         path += [*engine_leg, ph.STEP_HANDOFF]
@@ -89,8 +95,10 @@ def engine_truth(
         "decode": {ph.QUEUE_WAIT: leg.alloc - leg.d_sched},
     }
     if http_received:
-        truth["prefill"][ph.API_SERVER] = pre.p_sched - pre.p_http
-        truth["decode"][ph.API_SERVER] = leg.d_sched - leg.d_http
+        truth["prefill"][ph.API_SERVER] = pre.p_arrival - pre.p_http
+        truth["prefill"][ph.ENGINE_INPUT] = pre.p_sched - pre.p_arrival
+        truth["decode"][ph.API_SERVER] = leg.d_arrival - leg.d_http
+        truth["decode"][ph.ENGINE_INPUT] = leg.d_sched - leg.d_arrival
     transfer_ms = round(a.xfer * 1000) / 1000  # as the spans report it (whole µs)
     if isinstance(leg, PushLeg):
         truth["prefill"].update(

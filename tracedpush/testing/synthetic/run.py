@@ -195,7 +195,11 @@ def _request(
     emit_request(em, procs, a, pre, leg, fin, http_received=dep.http_received)
     lookup = a.lookup is not None and sc.SPAN_REQUEST not in a.dropped
     path, hidden = expected_path(
-        leg, lookup=lookup, cpu_wait=a.loop_wait > 0, relay_wait=a.relay_wait > 0
+        leg,
+        lookup=lookup,
+        cpu_wait=a.loop_wait > 0,
+        relay_wait=a.relay_wait > 0,
+        engine_input=dep.http_received,
     )
     return SyntheticRequest(
         trace_id=f"{a.trace_id:032x}",

@@ -136,7 +136,11 @@ def emit_request(
             sc.PREFILL_STEPS: pre.steps,
         },
         events=[
-            *([(sc.EVENT_HTTP_RECEIVED, pre.p_http)] if http_received else []),
+            *(
+                [(sc.EVENT_HTTP_RECEIVED, pre.p_http), (sc.EVENT_VLLM_ARRIVAL, pre.p_arrival)]
+                if http_received
+                else []
+            ),
             (sc.EVENT_SCHEDULER_RECEIVED, pre.p_sched),
             (sc.EVENT_COMPUTE_STARTED, pre.compute_start),
         ],
@@ -178,7 +182,11 @@ def emit_request(
             sc.DECODE_END: "first_token_scheduled",
         },
         events=[
-            *([(sc.EVENT_HTTP_RECEIVED, leg.d_http)] if http_received else []),
+            *(
+                [(sc.EVENT_HTTP_RECEIVED, leg.d_http), (sc.EVENT_VLLM_ARRIVAL, leg.d_arrival)]
+                if http_received
+                else []
+            ),
             (sc.EVENT_SCHEDULER_RECEIVED, leg.d_sched),
             (sc.EVENT_BLOCKS_ALLOCATED, leg.alloc),
         ],

@@ -145,12 +145,13 @@ def arrive(
 @dataclass(frozen=True, slots=True)
 class PrefillLeg:
     """The proxy -> P leg. Every engine leg is network (proxy -> HTTP server), API server
-    (HTTP, tokenization, IPC; vLLM's arrival_time is stamped after tokenization), then
-    queue wait (FIFO)."""
+    (HTTP, validation: to vLLM's arrival_time, 60% of it here), engine input
+    (tokenization, IPC, the EngineCore taking it), then queue wait (FIFO)."""
 
     pp_start: float  # proxy.prefill span
     p_sent: float  # its bytes leave the proxy
     p_http: float  # P's HTTP server has it
+    p_arrival: float  # vLLM's arrival_time
     p_sched: float  # P's scheduler has it
     compute_start: float
     pre_start: float  # prefill span: HTTP receipt, or vLLM's arrival without middleware
@@ -174,6 +175,7 @@ def prefill_leg(dep: Deployment, a: Arrival) -> PrefillLeg:
         pp_start=pp_start,
         p_sent=p_sent,
         p_http=p_http,
+        p_arrival=p_arrival,
         p_sched=p_sched,
         compute_start=compute_start,
         pre_start=p_http if dep.http_received else p_arrival,
@@ -201,6 +203,11 @@ class DecodeLeg:
     kv_done: float  # D can schedule the first token
     handoff: float  # step handoff on the path (ms)
 
+    @property
+    def d_arrival(self) -> float:
+        """vLLM's arrival_time on D: 60% of D's API-server time after its HTTP receipt, as P's."""
+        return self.d_http + 0.6 * self.d_api
+
 
 @dataclass(frozen=True, slots=True)
 class Finish:
@@ -215,7 +222,7 @@ class Finish:
 
 
 def finish(dep: Deployment, a: Arrival, leg: DecodeLeg) -> Finish:
-    dec_start = leg.d_http if dep.http_received else leg.d_http + 0.6 * leg.d_api
+    dec_start = leg.d_http if dep.http_received else leg.d_arrival
     dec_end = leg.kv_done + dep.rng.uniform(0.1, a.step)
     pd_ft = dec_end + a.step + 0.3 + dep.net()
     ft = pd_ft + 0.1
