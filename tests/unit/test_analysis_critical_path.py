@@ -586,6 +586,36 @@ def test_the_cpu_wait_is_read_from_the_leg_on_the_path() -> None:
     ]
 
 
+def _token_said(mode: str, d_in: Any, out: Any) -> list[Span]:
+    """A trace whose first_token events say the loop had waited ``d_in`` ms for a CPU by D's
+    token coming in (proxy.decode's) and ``out`` ms by its going out (the root's)."""
+    spans = trace(mode, push_spec() if mode == "push" else pull_spec())
+    for s in spans:
+        waited = {sc.SPAN_PROXY_DECODE: d_in, sc.SPAN_REQUEST: out}.get(s.name)
+        for e in s.events if waited is not None else ():
+            if e.name == sc.EVENT_FIRST_TOKEN:
+                e.attributes = {sc.LOOP_ON_CPU_MS: 0.1, sc.LOOP_CPU_WAIT_MS: waited}
+    return spans
+
+
+@pytest.mark.parametrize("mode", ["push", "pull"])
+def test_the_first_tokens_way_out_names_the_loops_wait_for_a_cpu(mode: str) -> None:
+    """Both first_token events carry the loop's figures since receipt: the root's less
+    proxy.decode's is the wait between D's token coming in and going out to the client,
+    drawn last (just before the token left), `proxy` the rest; never before D's token
+    came in; nothing without both figures, or when the wait did not grow."""
+    end = 100.0 if mode == "push" else 120.0
+    segs = path_of(_token_said(mode, 0.3, 0.8))
+    assert segs[-2:] == [(phases.PROXY, end - 1, 0.5), (phases.PROXY_CPU_WAIT, end - 0.5, 0.5)]
+    assert sum(s[2] for s in segs) == pytest.approx(end)  # TTFT whole
+    segs = path_of(_token_said(mode, 0.0, 5.0))  # longer than the 1 ms: from D's token on
+    assert segs[-1] == (phases.PROXY_CPU_WAIT, end - 1, 1.0)
+    assert segs[-2][0] == phases.FIRST_DECODE_STEP
+    for d_in, out in ((None, 0.8), (0.3, None), (0.8, 0.8), (0.8, 0.3), (0.3, float("nan"))):
+        segs = path_of(_token_said(mode, d_in, out))
+        assert segs[-1] == (phases.PROXY, end - 1, 1.0), (d_in, out)
+
+
 def _relay_said(waited: Any) -> list[Span]:
     """A pull trace whose kv.relay says the loop had waited ``waited`` ms by P's answer,
     and whose D leg says 0.55 ms by D's bytes out (both since receipt)."""

@@ -176,6 +176,20 @@ def test_each_leg_records_when_its_bytes_left(mode):
                 p_said, d_said = (e.attributes[key] for e in legs)
                 assert p_said <= relay[key] <= d_said, (key, p_said, relay[key], d_said)
             assert relay[semconv.LOOP_ON_CPU_MS] < legs[1].attributes[semconv.LOOP_ON_CPU_MS]
+        if os.path.exists("/proc/thread-self/schedstat"):
+            # the first token: in from D (proxy.decode's first_token), then out to the
+            # client (the root's), both with the figures since receipt, in that order
+            d_sent, d_in, out = (
+                next(e for e in spans[n].events if e.name == ev).attributes
+                for n, ev in (
+                    (semconv.SPAN_PROXY_DECODE, semconv.EVENT_REQUEST_SENT),
+                    (semconv.SPAN_PROXY_DECODE, semconv.EVENT_FIRST_TOKEN),
+                    (semconv.SPAN_REQUEST, semconv.EVENT_FIRST_TOKEN),
+                )
+            )
+            for key in (semconv.LOOP_ON_CPU_MS, semconv.LOOP_CPU_WAIT_MS):
+                assert d_sent[key] <= d_in[key] <= out[key], (key, d_sent, d_in, out)
+            assert d_in[semconv.LOOP_ON_CPU_MS] < out[semconv.LOOP_ON_CPU_MS]
 
     run(scenario)
 

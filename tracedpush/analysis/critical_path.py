@@ -27,6 +27,8 @@ pull: first token <- decode end <- kv.read end (minus its polling lag) <- kv.rea
       proxy.prefill end (response) <- prefill end <- P's prefill compute, queue wait,
       engine input, api server, network <- proxy.prefill request_sent <- receipt
       (proxy, and proxy CPU wait as in push).
+Both: "first token" is the root's first_token (out to the client) <- proxy.decode's
+      (D's token in): proxy, and proxy CPU wait (the root event's wait less D's).
 
 Each step cuts a segment [its node, the cursor]; nodes later than the cursor are
 clamped to it (and reported when the excess is more than clock noise), so segments are
@@ -303,9 +305,7 @@ def _push_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
     ready = _latest(f_, r_)
     steps: list[Step] = []
     if end_from_root:
-        steps.append(
-            Step(ph.PROXY, s_x, c.event(pd, sc.EVENT_FIRST_TOKEN), root, need=sc.SPAN_PROXY_DECODE)
-        )
+        steps += _token_out(c, s_x, pd)
     steps += [
         Step(ph.FIRST_DECODE_STEP, s_d, c.end(dec), dec, need=sc.SPAN_DECODE),
         Step(ph.DECODE_SCHEDULING, s_d, c.end(notify), dec, need=sc.SPAN_KV_NOTIFY),
@@ -366,7 +366,7 @@ def _receipt(c: _Ctx, s_x: str, leg: Span | None) -> list[Step]:
     root, models = c.ix.root, c.ix.one(sc.SPAN_PROXY_MODELS, PROXY)
     floor = max(c.end(models) or 0.0, 0.0)
     return [
-        *_cpu_wait(c, s_x, leg, 0.0, floor, root),
+        *_cpu_wait(c, s_x, leg, sc.EVENT_REQUEST_SENT, 0.0, floor, root),
         Step(ph.PROXY, s_x, c.end(models), root, optional=True),
         Step(ph.MODEL_LOOKUP, s_x, c.start(models), models, optional=True),
         Step(ph.PROXY, s_x, 0.0, root),
@@ -374,17 +374,39 @@ def _receipt(c: _Ctx, s_x: str, leg: Span | None) -> list[Step]:
 
 
 def _cpu_wait(
-    c: _Ctx, s_x: str, leg: Span | None, before: float | None, floor: float, owner: Span | None
+    c: _Ctx,
+    s_x: str,
+    span: Span | None,
+    event: str,
+    before: float | None,
+    floor: float | None,
+    owner: Span | None,
 ) -> list[Step]:
-    """`proxy CPU wait` before ``leg``'s bytes left: its request_sent's wait since receipt
-    less ``before`` (the wait since receipt at the interval's start), drawn as one block
-    just before the send, never earlier than ``floor``. None without both figures."""
-    sent = None if leg is None else leg.event(sc.EVENT_REQUEST_SENT)
-    since = None if sent is None else _loop_cpu_wait(sent.attributes)
-    if leg is None or sent is None or since is None or before is None or since - before <= 0:
+    """`proxy CPU wait` before ``span``'s ``event`` (a leg's bytes out, the first token
+    out): the event's wait since receipt less ``before`` (the wait since receipt at the
+    interval's start), drawn as one block just before the event, never earlier than
+    ``floor``. None without both figures."""
+    ev = None if span is None else span.event(event)
+    since = None if ev is None else _loop_cpu_wait(ev.attributes)
+    if span is None or ev is None or since is None or before is None or floor is None:
         return []
-    node = max(c.ms(leg, sent.time_ns) - (since - before), floor)
+    if since - before <= 0:
+        return []
+    node = max(c.ms(span, ev.time_ns) - (since - before), floor)
     return [Step(ph.PROXY_CPU_WAIT, s_x, node, owner)]
+
+
+def _token_out(c: _Ctx, s_x: str, pd: Span | None) -> list[Step]:
+    """D's first token at the proxy (proxy.decode first_token) -> out to the client (the
+    root's): `proxy`, less the loop's wait for a CPU between the two events' figures."""
+    root = c.ix.root
+    got = None if pd is None else pd.event(sc.EVENT_FIRST_TOKEN)
+    before = None if got is None else _loop_cpu_wait(got.attributes)
+    into = c.event(pd, sc.EVENT_FIRST_TOKEN)
+    return [
+        *_cpu_wait(c, s_x, root, sc.EVENT_FIRST_TOKEN, before, into, root),
+        Step(ph.PROXY, s_x, into, root, need=sc.SPAN_PROXY_DECODE),
+    ]
 
 
 def _loop_cpu_wait(attributes: Mapping[str, Any]) -> float | None:
@@ -441,9 +463,7 @@ def _pull_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
         )
     steps: list[Step] = []
     if end_from_root:
-        steps.append(
-            Step(ph.PROXY, s_x, c.event(pd, sc.EVENT_FIRST_TOKEN), root, need=sc.SPAN_PROXY_DECODE)
-        )
+        steps += _token_out(c, s_x, pd)
     steps += [
         Step(ph.FIRST_DECODE_STEP, s_d, c.end(dec), dec, need=sc.SPAN_DECODE),
         Step(ph.DECODE_SCHEDULING, s_d, c.end(read), dec, need=sc.SPAN_KV_READ),
@@ -456,7 +476,8 @@ def _pull_steps(c: _Ctx, end_from_root: bool) -> tuple[list[Step], str | None, l
     if relay is not None:
         d_leg, more = _leg(c, dec, sc.SPAN_DECODE, s_d, pd, c.end(relay), "")
         start = c.start(relay)  # P's answer: the wait since then is the relay's
-        waited = _cpu_wait(c, s_x, pd, _loop_cpu_wait(relay.attributes), start or 0.0, relay)
+        before = _loop_cpu_wait(relay.attributes)
+        waited = _cpu_wait(c, s_x, pd, sc.EVENT_REQUEST_SENT, before, start, relay)
         steps += [*d_leg, *waited, Step(ph.RELAY, s_x, start, relay)]
     else:
         d_leg, more = _leg(c, dec, sc.SPAN_DECODE, s_d, pd, c.start(pd), sc.SPAN_KV_RELAY)

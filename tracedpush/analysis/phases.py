@@ -46,7 +46,7 @@ DECODE_SCHEDULING: Final = "decode scheduling"  # D: KV complete -> first token 
 FIRST_DECODE_STEP: Final = "first decode step"  # D: scheduled -> first token at the proxy
 MODEL_LOOKUP: Final = "model lookup"  # proxy.models: the proxy's model catalog missed
 PROXY: Final = "proxy"  # the proxy's own work: receipt -> leg's bytes out; token -> client
-PROXY_CPU_WAIT: Final = "proxy CPU wait"  # of receipt or relay -> bytes out: loop had no CPU
+PROXY_CPU_WAIT: Final = "proxy CPU wait"  # of the proxy's time on the path: loop had no CPU
 UNATTRIBUTED: Final = "unattributed"  # a gap whose bounding spans or events are missing
 
 PHASES: Final = (
@@ -121,10 +121,10 @@ DESCRIPTIONS: Final = {
     "requests if they came before its start-up lookup finished, a model it had not seen, "
     "engines that did not answer) or the model's vocabulary read (proxy.models)",
     PROXY: "the proxy's own work (receipt -> a leg's bytes out, relaying the first token)",
-    PROXY_CPU_WAIT: "of receipt -> a leg's bytes out, and of pull's relay, the time the "
-    "proxy's event loop was runnable without a CPU (the kernel's run delay, on the leg's "
-    "request_sent event and kv.relay; interleaved with its work, drawn as one block before "
-    "the send)",
+    PROXY_CPU_WAIT: "of receipt -> a leg's bytes out, of pull's relay and of the first "
+    "token's way out, the time the proxy's event loop was runnable without a CPU (the "
+    "kernel's run delay, on the request_sent and first_token events and kv.relay; "
+    "interleaved with its work, drawn as one block before the send)",
     UNATTRIBUTED: "a gap whose bounding spans or events are missing from the trace",
 }
 

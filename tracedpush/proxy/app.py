@@ -206,6 +206,20 @@ class Exchange:
         """The loop's CPU clock now, when the request has one (its spans are recorded)."""
         return None if self.receipt_cpu is None else self.state.loop_cpu.sample()
 
+    def loop_since_receipt(self, now: CpuSample | None = None) -> dict[str, float]:
+        """The loop's figures since receipt, at ``now`` (a sample; else now), as event
+        attributes (none when the request is not recorded)."""
+        now = now or self.loop_cpu_now()
+        return proxy_spans.loop_attributes(spent_ms(self.receipt_cpu, now))
+
+    def decode_token(self, span: Span) -> None:
+        """D's first token reached the proxy: ``span``'s first_token event, once, with the
+        loop's figures (the root's first_token, as the token leaves, has them too)."""
+        if self.decode_token_ns is None:
+            self.decode_token_ns = time.time_ns()
+            attrs = self.loop_since_receipt()
+            span.add_event(semconv.EVENT_FIRST_TOKEN, attrs, timestamp=self.decode_token_ns)
+
     def leg_headers(self, span: Span) -> dict[str, str]:
         trace = proxy_spans.trace_headers(span)
         return {"X-Request-Id": self.request_id, **trace, **_client_auth(self.request)}
@@ -233,10 +247,12 @@ class Exchange:
             self.output_tokens = usage["completion_tokens"]
 
     # ------------------------------------------------------------ client writes
-    def mark_first_token(self, at_ns: int | None = None) -> None:
+    def mark_first_token(self, at_ns: int | None = None, cpu: CpuSample | None = None) -> None:
+        """The first token left for the client (at ``at_ns``, the loop's clock ``cpu``)."""
         if self.first_token_ns is None:
             self.first_token_ns = at_ns or time.time_ns()
-            self.root.add_event(semconv.EVENT_FIRST_TOKEN, timestamp=self.first_token_ns)
+            attrs = self.loop_since_receipt(cpu)
+            self.root.add_event(semconv.EVENT_FIRST_TOKEN, attrs, timestamp=self.first_token_ns)
             self.state.metrics.observe_ttft((self.first_token_ns - self.receipt_ns) / 1e9)
 
     async def send_json(self, raw: bytes, status: int = 200) -> None:
@@ -270,11 +286,13 @@ class Exchange:
                 self.response, self.status = response, 200
                 await response.prepare(self.request)
             sent_ns = time.time_ns()  # the token leaves now; write() may wait on the socket
+            first = has_token and self.first_token_ns is None
+            cpu = self.loop_cpu_now() if first else None  # the loop's figures, then
             await self.response.write(event)
         except ConnectionResetError as exc:
             raise ClientGone(str(exc)) from None
         if has_token:
-            self.mark_first_token(sent_ns)
+            self.mark_first_token(sent_ns, cpu)
             self.last_token_ns = sent_ns
         if done:
             # The client has its whole answer; it may hang up before our EOF.
@@ -384,8 +402,7 @@ async def decode_leg(ex: Exchange, inst: Instance, span: Span, kv: dict[str, Any
             await _relay_stream(ex, inst, span, resp, injected_usage, first_byte_at)
         else:
             data, raw = await state.upstream.read_json("decode", inst, resp, deadline=ex.deadline)
-            ex.decode_token_ns = time.time_ns()
-            span.add_event(semconv.EVENT_FIRST_TOKEN, timestamp=ex.decode_token_ns)
+            ex.decode_token(span)
             ex.note_usage(data.get("usage"))
             proxy_spans.end(span)  # D's answer fully received
             await ex.send_json(raw)
@@ -426,9 +443,7 @@ async def _relay_stream(
                 continue  # the client did not ask for the usage chunk
             if info.has_token:
                 ex.token_events += 1
-                if ex.decode_token_ns is None:
-                    ex.decode_token_ns = time.time_ns()
-                    span.add_event(semconv.EVENT_FIRST_TOKEN, timestamp=ex.decode_token_ns)
+                ex.decode_token(span)
             await ex.write_event(event, has_token=info.has_token, done=info.done)
     except BaseException:
         resp.close()

@@ -98,9 +98,7 @@ class ProxySpans:
         """Pull only: P's answer in hand -> D's request sent. ``loop``: how the event loop
         spent the time from the request's receipt to P's answer (`loop_cpu.spent_ms`),
         so that D's ``request_sent`` figures, also since receipt, give the relay's own."""
-        attributes: dict[str, Any] = {semconv.MODE: self.mode, semconv.ROLE: "proxy"}
-        if loop is not None:
-            attributes.update(zip(_LOOP_KEYS, loop, strict=True))
+        attributes = {semconv.MODE: self.mode, semconv.ROLE: "proxy", **loop_attributes(loop)}
         return self.tracer.start_span(
             semconv.SPAN_KV_RELAY,
             context=trace.set_span_in_context(root),
@@ -157,6 +155,12 @@ def _failed(span: Span) -> bool:
     return semconv.ERROR_TYPE in attributes
 
 
+def loop_attributes(loop: tuple[float, float] | None) -> dict[str, float]:
+    """The event loop's figures since a request's receipt (`loop_cpu.spent_ms`) as span or
+    event attributes; none without them."""
+    return {} if loop is None else dict(zip(_LOOP_KEYS, loop, strict=True))
+
+
 def sent(span: Span, clock: SendClock, receipt_cpu: CpuSample | None = None) -> None:
     """Record the leg's ``request_sent`` event once: its bytes left for the engine, with
     how the event loop spent the time since the request's receipt (``receipt_cpu``); and
@@ -165,8 +169,7 @@ def sent(span: Span, clock: SendClock, receipt_cpu: CpuSample | None = None) -> 
     ns, clock.ns = clock.ns, None
     again, clock.resent_ns = clock.resent_ns, None
     if ns is not None and span.is_recording():
-        loop = spent_ms(receipt_cpu, clock.cpu)
-        sent_attrs = {} if loop is None else dict(zip(_LOOP_KEYS, loop, strict=True))
+        sent_attrs = loop_attributes(spent_ms(receipt_cpu, clock.cpu))
         span.add_event(semconv.EVENT_REQUEST_SENT, sent_attrs, timestamp=ns)
         if again is not None:
             attrs = {semconv.RESENT_REASON: clock.reset}

@@ -44,11 +44,13 @@ def expected_path(
     cpu_wait: bool = False,
     relay_wait: bool = False,
     engine_input: bool = True,
+    token_wait: bool = False,
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(phases on the critical path in order, phases hidden); `lookup`: the request
     waited for the proxy's model catalog after receipt; `cpu_wait`: the proxy's event loop
     waited for a CPU before the first leg's bytes left; `relay_wait`: and in pull's relay;
-    `engine_input`: the engine spans have vllm_arrival (with http_received)."""
+    `token_wait`: and as the first token went out; `engine_input`: the engine spans have
+    vllm_arrival (with http_received)."""
     api = [ph.API_SERVER, ph.ENGINE_INPUT] if engine_input else [ph.API_SERVER]
     if isinstance(leg, PushLeg):
         p_leg = [ph.PROXY, ph.NETWORK, *api, ph.QUEUE_WAIT]
@@ -76,6 +78,7 @@ def expected_path(
         path += [ph.DESC_PREP, ph.READ, ph.POLL_LAG, ph.DECODE_SCHEDULING]
         hidden = [sc.SPAN_KV_NOTIFY]
     path += [ph.FIRST_DECODE_STEP, ph.PROXY]
+    path += [ph.PROXY_CPU_WAIT] if token_wait else []
     if cpu_wait:
         path[1:1] = [ph.PROXY_CPU_WAIT]
     if lookup:

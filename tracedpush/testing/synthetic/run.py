@@ -200,6 +200,7 @@ def _request(
         cpu_wait=a.loop_wait > 0,
         relay_wait=a.relay_wait > 0,
         engine_input=dep.http_received,
+        token_wait=a.token_wait > 0,
     )
     return SyntheticRequest(
         trace_id=f"{a.trace_id:032x}",

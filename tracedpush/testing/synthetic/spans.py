@@ -86,6 +86,10 @@ def emit_request(
 ) -> None:
     tree = _Tree(em, procs, a)
     common, emit = tree.common, tree.emit
+    # the proxy loop's time between the legs (pull's relay), and its figures at D's send,
+    # which D's first token, coming in, also has (the loop idle meanwhile)
+    relayed = leg.d_sent - leg.relay_start if isinstance(leg, PullLeg) else 0.0
+    at_d = a.loop_at(leg.d_sent, relayed)
     root = emit(
         "proxy",
         0,
@@ -104,7 +108,7 @@ def emit_request(
             sc.HTTP_STATUS: 200,
         },
         kind=SpanKind.SERVER,
-        events=[(sc.EVENT_FIRST_TOKEN, fin.ft)],
+        events=[(sc.EVENT_FIRST_TOKEN, fin.ft, a.token_out(at_d, fin.ft - fin.pd_ft))],
     )
     if a.lookup is not None and root:  # its id is not drawn: later draws stay as they were
         proxy = tree.procs["proxy"]
@@ -145,9 +149,7 @@ def emit_request(
             (sc.EVENT_COMPUTE_STARTED, pre.compute_start),
         ],
     )
-    relayed = 0.0  # the proxy loop's time between the legs
     if isinstance(leg, PullLeg):
-        relayed = leg.d_sent - leg.relay_start
         emit(
             "proxy",
             root,
@@ -165,8 +167,8 @@ def emit_request(
         {**proxy_leg, sc.ENGINE_ID: DECODE_INSTANCE, sc.UPSTREAM_URL: "http://d-host:8200"},
         kind=SpanKind.CLIENT,
         events=[
-            (sc.EVENT_REQUEST_SENT, leg.d_sent, a.loop_at(leg.d_sent, relayed)),
-            (sc.EVENT_FIRST_TOKEN, fin.pd_ft),
+            (sc.EVENT_REQUEST_SENT, leg.d_sent, at_d),
+            (sc.EVENT_FIRST_TOKEN, fin.pd_ft, at_d),
         ],
     )
     decode = emit(

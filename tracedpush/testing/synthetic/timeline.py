@@ -94,6 +94,20 @@ class Arrival:
         by the same rule: at most 0.08 ms, less than the relay takes."""
         return round(min(0.08, 0.02 * (self.load - 1)), 3)
 
+    @property
+    def token_wait(self) -> float:
+        """ms the loop waited for a CPU between D's first token in and out to the client, by
+        the same rule: at most 0.06 ms, of the 0.1 ms that takes."""
+        return round(min(0.06, 0.01 * (self.load - 1)), 3)
+
+    def token_out(self, at_d: Mapping[str, float], out: float) -> dict[str, float]:
+        """The loop figures as D's first token leaves for the client, ``out`` ms after it
+        came in with figures ``at_d``: busy all along but for its wait."""
+        return {
+            sc.LOOP_ON_CPU_MS: round(at_d[sc.LOOP_ON_CPU_MS] + out - self.token_wait, 3),
+            sc.LOOP_CPU_WAIT_MS: round(at_d[sc.LOOP_CPU_WAIT_MS] + self.token_wait, 3),
+        }
+
     def loop_at(self, sent: float, relay: float = 0.0) -> dict[str, float]:
         """The loop figures since receipt (the proxy's ``loop_cpu``) for a leg sent at
         ``sent``: busy from the catalog's answer until the first send but for its wait,
