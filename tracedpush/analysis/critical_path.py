@@ -385,7 +385,7 @@ def _cpu_wait(
     """`proxy CPU wait` before ``span``'s ``event`` (a leg's bytes out, the first token
     out): the event's wait since receipt less ``before`` (the wait since receipt at the
     interval's start), drawn as one block just before the event, never earlier than
-    ``floor``. None without both figures."""
+    ``floor``. Nothing without both figures, or when the wait did not grow."""
     ev = None if span is None else span.event(event)
     since = None if ev is None else _loop_cpu_wait(ev.attributes)
     if span is None or ev is None or since is None or before is None or floor is None:
@@ -411,7 +411,8 @@ def _token_out(c: _Ctx, s_x: str, pd: Span | None) -> list[Step]:
 
 def _loop_cpu_wait(attributes: Mapping[str, Any]) -> float | None:
     """ms the proxy's event loop waited for a CPU since the request's receipt (the
-    attribute of a request_sent event or of kv.relay; None without a usable one)."""
+    attribute of a request_sent or first_token event, or of kv.relay; None without a
+    usable one)."""
     value = attributes.get(sc.LOOP_CPU_WAIT_MS)
     ok = isinstance(value, int | float) and not isinstance(value, bool)
     return float(value) if ok and math.isfinite(value) else None
