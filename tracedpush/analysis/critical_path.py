@@ -402,7 +402,7 @@ def _token_out(c: _Ctx, s_x: str, pd: Span | None) -> list[Step]:
     root = c.ix.root
     got = None if pd is None else pd.event(sc.EVENT_FIRST_TOKEN)
     before = None if got is None else _loop_cpu_wait(got.attributes)
-    into = c.event(pd, sc.EVENT_FIRST_TOKEN)
+    into = None if pd is None or got is None else c.ms(pd, got.time_ns)
     return [
         *_cpu_wait(c, s_x, root, sc.EVENT_FIRST_TOKEN, before, into, root),
         Step(ph.PROXY, s_x, into, root, need=sc.SPAN_PROXY_DECODE),

@@ -35,7 +35,7 @@ from tracedpush.proxy.errors import (
     sse_error_event,
 )
 from tracedpush.proxy.fields import json_shape_problem, short
-from tracedpush.proxy.loop_cpu import CpuSample, LoopCpu, spent_ms
+from tracedpush.proxy.loop_cpu import LoopCpu, spent_ms
 from tracedpush.proxy.metrics import ProxyMetrics, sink_drop_stats
 from tracedpush.proxy.models import (
     MODEL_CACHE_TTL_S,
@@ -186,7 +186,7 @@ class Exchange:
         self.decode_token_ns: int | None = None  # first token received from D
         self.last_byte_ns: int | None = None
         self.prefill_done_ns: int | None = None
-        self.prefill_done_cpu: CpuSample | None = None  # the loop's CPU clock then (pull's relay)
+        self.prefill_done_loop: dict[str, float] = {}  # the loop's figures then (pull's relay)
         self.prompt_tokens: int | None = None
         self.output_tokens: int | None = None
         self.token_events = 0
@@ -202,14 +202,12 @@ class Exchange:
         """A leg's send clock; it reads the loop's CPU clock when the request has one."""
         return SendClock(None if self.receipt_cpu is None else self.state.loop_cpu)
 
-    def loop_cpu_now(self) -> CpuSample | None:
-        """The loop's CPU clock now, when the request has one (its spans are recorded)."""
-        return None if self.receipt_cpu is None else self.state.loop_cpu.sample()
-
-    def loop_since_receipt(self, now: CpuSample | None = None) -> dict[str, float]:
-        """The loop's figures since receipt, at ``now`` (a sample; else now), as event
-        attributes (none when the request is not recorded)."""
-        now = now or self.loop_cpu_now()
+    def loop_since_receipt(self) -> dict[str, float]:
+        """The loop's figures since receipt, now, as span or event attributes (none when
+        the request is not recorded: it has no receipt sample)."""
+        if self.receipt_cpu is None:
+            return {}
+        now = self.state.loop_cpu.sample()
         return proxy_spans.loop_attributes(spent_ms(self.receipt_cpu, now))
 
     def decode_token(self, span: Span) -> None:
@@ -247,11 +245,14 @@ class Exchange:
             self.output_tokens = usage["completion_tokens"]
 
     # ------------------------------------------------------------ client writes
-    def mark_first_token(self, at_ns: int | None = None, cpu: CpuSample | None = None) -> None:
-        """The first token left for the client (at ``at_ns``, the loop's clock ``cpu``)."""
+    def mark_first_token(
+        self, at_ns: int | None = None, loop: dict[str, float] | None = None
+    ) -> None:
+        """The first token left for the client (at ``at_ns``, the loop's figures ``loop``;
+        both taken now when not given)."""
         if self.first_token_ns is None:
             self.first_token_ns = at_ns or time.time_ns()
-            attrs = self.loop_since_receipt(cpu)
+            attrs = self.loop_since_receipt() if loop is None else loop
             self.root.add_event(semconv.EVENT_FIRST_TOKEN, attrs, timestamp=self.first_token_ns)
             self.state.metrics.observe_ttft((self.first_token_ns - self.receipt_ns) / 1e9)
 
@@ -287,12 +288,12 @@ class Exchange:
                 await response.prepare(self.request)
             sent_ns = time.time_ns()  # the token leaves now; write() may wait on the socket
             first = has_token and self.first_token_ns is None
-            cpu = self.loop_cpu_now() if first else None  # the loop's figures, then
+            loop = self.loop_since_receipt() if first else None  # the loop's figures, then
             await self.response.write(event)
         except ConnectionResetError as exc:
             raise ClientGone(str(exc)) from None
         if has_token:
-            self.mark_first_token(sent_ns, cpu)
+            self.mark_first_token(sent_ns, loop)
             self.last_token_ns = sent_ns
         if done:
             # The client has its whole answer; it may hang up before our EOF.
@@ -337,7 +338,7 @@ async def prefill_leg(ex: Exchange, inst: Instance) -> dict[str, Any]:
         span.set_attribute(semconv.HTTP_STATUS, resp.status)
         data, _ = await state.upstream.read_json("prefill", inst, resp, deadline=ex.deadline)
         ex.prefill_done_ns = time.time_ns()
-        ex.prefill_done_cpu = ex.loop_cpu_now()
+        ex.prefill_done_loop = ex.loop_since_receipt()
         if ex.prompt_tokens is None and isinstance(data.get("usage"), dict):
             ex.note_usage({"prompt_tokens": data["usage"].get("prompt_tokens")})
         _learn_from_prefill(ex, inst, span, data.get(KV_PARAMS))
@@ -460,7 +461,7 @@ async def pull_flow(ex: Exchange, p: Instance, d: Instance) -> None:
     state = ex.state
     answer = await prefill_leg(ex, p)
     relay = state.spans.start_relay(
-        ex.root, ex.prefill_done_ns or time.time_ns(), spent_ms(ex.receipt_cpu, ex.prefill_done_cpu)
+        ex.root, ex.prefill_done_ns or time.time_ns(), ex.prefill_done_loop
     )
     kv = answer.get(KV_PARAMS)
     problems = decode_params_problems(kv, "pull")

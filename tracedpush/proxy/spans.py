@@ -93,12 +93,12 @@ class ProxySpans:
         )
 
     def start_relay(
-        self, root: Span, start_ns: int, loop: tuple[float, float] | None = None
+        self, root: Span, start_ns: int, loop: Mapping[str, float] | None = None
     ) -> Span:
-        """Pull only: P's answer in hand -> D's request sent. ``loop``: how the event loop
-        spent the time from the request's receipt to P's answer (`loop_cpu.spent_ms`),
-        so that D's ``request_sent`` figures, also since receipt, give the relay's own."""
-        attributes = {semconv.MODE: self.mode, semconv.ROLE: "proxy", **loop_attributes(loop)}
+        """Pull only: P's answer in hand -> D's request sent. ``loop``: the event loop's
+        figures from the request's receipt to P's answer (`loop_attributes`), so that D's
+        ``request_sent`` figures, also since receipt, give the relay's own."""
+        attributes = {semconv.MODE: self.mode, semconv.ROLE: "proxy", **(loop or {})}
         return self.tracer.start_span(
             semconv.SPAN_KV_RELAY,
             context=trace.set_span_in_context(root),

@@ -74,6 +74,13 @@ class _Tree:
         }
 
 
+def _received(http_received: bool, http: float, arrival: float) -> list[tuple[str, float]]:
+    """An engine span's first events: http_received and vllm_arrival, with the middleware."""
+    if not http_received:
+        return []
+    return [(sc.EVENT_HTTP_RECEIVED, http), (sc.EVENT_VLLM_ARRIVAL, arrival)]
+
+
 def emit_request(
     em: Emitter,
     procs: Mapping[str, Process],
@@ -140,11 +147,7 @@ def emit_request(
             sc.PREFILL_STEPS: pre.steps,
         },
         events=[
-            *(
-                [(sc.EVENT_HTTP_RECEIVED, pre.p_http), (sc.EVENT_VLLM_ARRIVAL, pre.p_arrival)]
-                if http_received
-                else []
-            ),
+            *_received(http_received, pre.p_http, pre.p_arrival),
             (sc.EVENT_SCHEDULER_RECEIVED, pre.p_sched),
             (sc.EVENT_COMPUTE_STARTED, pre.compute_start),
         ],
@@ -184,11 +187,7 @@ def emit_request(
             sc.DECODE_END: "first_token_scheduled",
         },
         events=[
-            *(
-                [(sc.EVENT_HTTP_RECEIVED, leg.d_http), (sc.EVENT_VLLM_ARRIVAL, leg.d_arrival)]
-                if http_received
-                else []
-            ),
+            *_received(http_received, leg.d_http, leg.d_arrival),
             (sc.EVENT_SCHEDULER_RECEIVED, leg.d_sched),
             (sc.EVENT_BLOCKS_ALLOCATED, leg.alloc),
         ],

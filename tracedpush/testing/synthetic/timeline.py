@@ -81,24 +81,26 @@ class Arrival:
         """When the proxy can start the request's legs (after any catalog wait)."""
         return self.lookup[1] if self.lookup else self.t
 
+    def _crowded(self, per_other: float, most: float) -> float:
+        """ms the proxy's event loop waited for a CPU over one stretch: ``per_other`` ms
+        for each other request in flight, at most ``most`` (no draw, so later draws stay
+        as they were)."""
+        return round(min(most, per_other * (self.load - 1)), 3)
+
     @property
     def loop_wait(self) -> float:
-        """ms the proxy's event loop was runnable without a CPU from receipt to the first
-        leg's bytes out: more with more requests in flight (no draw, so later draws stay
-        as they were). At most 0.25 ms, less than the legs take to build."""
-        return round(min(0.25, 0.05 * (self.load - 1)), 3)
+        """From receipt to the first leg's bytes out: less than the legs take to build."""
+        return self._crowded(0.05, 0.25)
 
     @property
     def relay_wait(self) -> float:
-        """ms the loop waited for a CPU during pull's relay (P's answer -> D's bytes out),
-        by the same rule: at most 0.08 ms, less than the relay takes."""
-        return round(min(0.08, 0.02 * (self.load - 1)), 3)
+        """During pull's relay (P's answer -> D's bytes out): less than the relay takes."""
+        return self._crowded(0.02, 0.08)
 
     @property
     def token_wait(self) -> float:
-        """ms the loop waited for a CPU between D's first token in and out to the client, by
-        the same rule: at most 0.06 ms, of the 0.1 ms that takes."""
-        return round(min(0.06, 0.01 * (self.load - 1)), 3)
+        """Between D's first token in and out to the client: of the 0.1 ms that takes."""
+        return self._crowded(0.01, 0.06)
 
     def token_out(self, at_d: Mapping[str, float], out: float) -> dict[str, float]:
         """The loop figures as D's first token leaves for the client, ``out`` ms after it
