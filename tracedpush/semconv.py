@@ -256,7 +256,9 @@ EVENT_REQUEST_RESENT: Final = "request_resent"
 EVENT_HTTP_RECEIVED: Final = "http_received"  # prefill, decode: engine's HTTP server has it
 # prefill, decode: vLLM's arrival_time (its API server starts rendering the prompt)
 EVENT_VLLM_ARRIVAL: Final = "vllm_arrival"
-EVENT_SCHEDULER_RECEIVED: Final = "scheduler_received"  # prefill, decode: EngineCore has it
+# prefill, decode: the EngineCore process's input thread decoded it (connector/core_input.py)
+EVENT_CORE_RECEIVED: Final = "core_received"
+EVENT_SCHEDULER_RECEIVED: Final = "scheduler_received"  # prefill, decode: its scheduler has it
 EVENT_COMPUTE_STARTED: Final = "compute_started"  # prefill: first scheduled for compute
 EVENT_BLOCKS_ALLOCATED: Final = "blocks_allocated"  # decode: D's KV blocks allocated
 EVENT_KV_RECEIVED: Final = "kv_received"  # decode: scheduler learned the KV arrived

@@ -142,16 +142,21 @@ def test_engine_phases_agree_with_vllm_under_load(
         assert not any("http_received" in p for p in r.problems), r.problems
         for engine in ("prefill", "decode"):
             assert phases.ENGINE_INPUT in r.engine_phases_ms[engine], r.engine_phases_ms
+            # the EngineCore's input thread stamped it: engine busy follows engine input
+            assert phases.ENGINE_BUSY in r.engine_phases_ms[engine], r.engine_phases_ms
     api_ms = {e: _total(run, e, phases.API_SERVER)[0] for e in ("prefill", "decode")}
     input_ms = {e: _total(run, e, phases.ENGINE_INPUT)[0] for e in ("prefill", "decode")}
+    busy_ms = {e: _total(run, e, phases.ENGINE_BUSY)[0] for e in ("prefill", "decode")}
     # vLLM's TTFT on P runs from the same arrival_time to its one token reaching P's API
-    # server: engine input + queue wait + prefill compute, and the output's way back
-    ours = input_ms["prefill"] + queue_ms + compute_ms
+    # server: engine input + engine busy + queue wait + prefill compute, and the output's
+    # way back
+    ours = input_ms["prefill"] + busy_ms["prefill"] + queue_ms + compute_ms
     theirs = delta["ttft_sum"] * 1e3
     assert int(delta["ttft_count"]) == N_REQUESTS
     print(
-        f"\n{mode}: api server / engine input, P {api_ms['prefill']:.0f} / "
-        f"{input_ms['prefill']:.0f} ms, D {api_ms['decode']:.0f} / {input_ms['decode']:.0f} ms; "
+        f"\n{mode}: api server / engine input / engine busy, P {api_ms['prefill']:.0f} / "
+        f"{input_ms['prefill']:.0f} / {busy_ms['prefill']:.0f} ms, D {api_ms['decode']:.0f} / "
+        f"{input_ms['decode']:.0f} / {busy_ms['decode']:.0f} ms; "
         f"P's arrival -> prefill end {ours:.0f} ms, vLLM's TTFT on P {theirs:.0f} ms "
         f"({ours / theirs:.3f})"
     )

@@ -441,10 +441,7 @@ def test_without_http_received_network_falls_back_to_the_span_start(mode: str) -
 
 def _with_arrival(spans: list[Span], span: str, at_ms: float) -> list[Span]:
     """Give ``span`` a vllm_arrival event at ``at_ms``."""
-    for s in spans:
-        if s.name == span:
-            s.events.append(Event(sc.EVENT_VLLM_ARRIVAL, ns(at_ms), {}))
-    return spans
+    return _with_event(spans, span, sc.EVENT_VLLM_ARRIVAL, at_ms)
 
 
 @pytest.mark.parametrize("mode", ["push", "pull"])
@@ -471,6 +468,49 @@ def test_vllms_arrival_splits_the_api_server_from_engine_input(mode: str) -> Non
             (s.phase, round(s.start_ms, 6), round(s.duration_ms, 6)) for s in r.critical_path
         ], at
         assert phases.ENGINE_INPUT not in r.engine_phases_ms["prefill"], at
+
+
+def _with_event(spans: list[Span], span: str, event: str, at_ms: float) -> list[Span]:
+    for s in spans:
+        if s.name == span:
+            s.events.append(Event(event, ns(at_ms), {}))
+    return spans
+
+
+@pytest.mark.parametrize("mode", ["push", "pull"])
+def test_core_received_splits_engine_input_from_engine_busy(mode: str) -> None:
+    """core_received (the EngineCore's input thread had the request) between vllm_arrival
+    and scheduler_received: `engine input` until it (tokenizing, the message to the
+    EngineCore), `engine busy` after it (the busy loop finishing its step), on the path
+    and in the engine's own phases, on each engine. Without vllm_arrival it ends `api
+    server`; outside the window it is ignored."""
+    spec = push_spec() if mode == "push" else pull_spec()
+    spans = _with_arrival(trace(mode, spec), sc.SPAN_PREFILL, 2.25)
+    (r,) = exact(_with_event(spans, sc.SPAN_PREFILL, sc.EVENT_CORE_RECEIVED, 2.5)).requests
+    segs = [(s.phase, round(s.start_ms, 6), round(s.duration_ms, 6)) for s in r.critical_path]
+    assert segs[2:5] == [
+        (phases.API_SERVER, 2.0, 0.25),
+        (phases.ENGINE_INPUT, 2.25, 0.25),  # vllm_arrival -> core_received
+        (phases.ENGINE_BUSY, 2.5, 0.5),  # -> scheduler_received at 3
+    ]
+    assert segs[5][:2] == (phases.QUEUE_WAIT, 3.0)
+    assert sum(s.duration_ms for s in r.critical_path) == pytest.approx(r.ttft_ms, abs=1e-9)
+    pre = r.engine_phases_ms["prefill"]
+    assert (pre[phases.ENGINE_INPUT], pre[phases.ENGINE_BUSY]) == pytest.approx((0.25, 0.5))
+    assert phases.ENGINE_BUSY not in r.engine_phases_ms["decode"]
+    # no vllm_arrival: api server runs to core_received
+    spans = _with_event(trace(mode, spec), sc.SPAN_PREFILL, sc.EVENT_CORE_RECEIVED, 2.5)
+    (r,) = exact(spans).requests
+    segs = [(s.phase, round(s.start_ms, 6), round(s.duration_ms, 6)) for s in r.critical_path]
+    assert segs[2:4] == [(phases.API_SERVER, 2.0, 0.5), (phases.ENGINE_BUSY, 2.5, 0.5)]
+    assert r.engine_phases_ms["prefill"][phases.API_SERVER] == pytest.approx(0.5)
+    for at in (2.0, 3.5):  # before vllm_arrival, after scheduler_received
+        spans = _with_arrival(trace(mode, spec), sc.SPAN_PREFILL, 2.25)
+        (r,) = exact(_with_event(spans, sc.SPAN_PREFILL, sc.EVENT_CORE_RECEIVED, at)).requests
+        assert (phases.ENGINE_INPUT, 2.25, 0.75) in [
+            (s.phase, round(s.start_ms, 6), round(s.duration_ms, 6)) for s in r.critical_path
+        ], at
+        assert phases.ENGINE_BUSY not in r.engine_phases_ms["prefill"], at
 
 
 def test_network_starts_when_the_bytes_left_the_proxy() -> None:

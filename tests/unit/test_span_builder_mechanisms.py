@@ -49,6 +49,23 @@ def test_prefill_span_starts_at_http_receipt_and_counts_its_steps():
     assert span.attributes[semconv.PREFILL_STEPS] == 3
 
 
+def test_prefill_span_carries_when_the_engine_core_had_it():
+    """core_received (the EngineCore's input thread, `connector/core_input.py`) is an
+    event when it lies between vLLM's arrival and the scheduler's; else it is dropped."""
+    tp = format_traceparent(TRACE, P_PARENT)
+    for core_ns, kept in ((1007 * MS, True), (1004 * MS, False), (1012 * MS, False), (0, False)):
+        b, exp = make("push", "prefill", "scheduler")
+        b.feed(
+            [
+                ev.New(1010 * MS, P_ID, 1.005, 1201, tp, 1000 * MS, core_ns),
+                ev.Scheduled(1020 * MS, P_ID),
+                ev.Finished(1050 * MS, P_ID, "FINISHED_LENGTH_CAPPED", 1),
+            ]
+        )
+        events = {e.name: e.timestamp for e in by_name(exp)[semconv.SPAN_PREFILL].events}
+        assert events.get(semconv.EVENT_CORE_RECEIVED) == (core_ns if kept else None), core_ns
+
+
 def test_without_the_middleware_the_span_starts_at_arrival():
     b, exp = make("pull", "prefill", "scheduler")
     b.feed(

@@ -397,6 +397,25 @@ def test_launcher_seams_exist():
     assert importlib.util.find_spec("vllm.entrypoints.launchers.api_server.entry") is not None
 
 
+def test_the_engine_core_input_thread_calls_what_core_input_wraps():
+    """connector/core_input.py wraps `EngineCore.preprocess_add_request(self, request)`,
+    which vLLM's input thread calls on each ADD it decodes, looked up on `self` (so the
+    class attribute we set is what runs), before queueing the request for the busy loop
+    (which takes it between steps: `engine busy`). `request.request_id` keys the stamp."""
+    from vllm.v1.engine import EngineCoreRequest
+    from vllm.v1.engine.core import EngineCore, EngineCoreProc
+
+    assert _params(EngineCore.preprocess_add_request)[:2] == [
+        ("self", "POSITIONAL_OR_KEYWORD", True),
+        ("request", "POSITIONAL_OR_KEYWORD", True),
+    ]
+    assert "preprocess_add_request" not in vars(EngineCoreProc)  # inherited: ours runs
+    source = inspect.getsource(EngineCoreProc.process_input_sockets)
+    call = source.index("self.preprocess_add_request(")
+    assert call < source.index("self.input_queue.put_nowait(", call)
+    assert "request_id" in EngineCoreRequest.__struct_fields__
+
+
 def _strings(source: str) -> set[str]:
     """The string constants of `source` (adjacent literals joined, as Python does)."""
     tree = ast.parse(textwrap.dedent(source))

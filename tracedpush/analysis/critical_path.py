@@ -11,21 +11,22 @@ push: first token <- decode end <- kv.notify end <- kv.notify start <- WRITE lan
       kv.rendezvous end (writer starts it) <- handed_to_writer (writer queue) <-
       max(prefill_finished, registration_arrived) (step handoff) <- whichever input came
       second: P's leg (prefill compute <- compute_started, queue wait <-
-      scheduler_received, engine input <- vllm_arrival, api server <- http_received,
-      network <- proxy.prefill request_sent),
+      scheduler_received, engine busy <- core_received, engine input <- vllm_arrival,
+      api server <- http_received, network <- proxy.prefill request_sent),
       or D's (registration delivery <- kv.register end, registration <- blocks_allocated,
-      queue wait <- scheduler_received, engine input <- vllm_arrival, api server <-
-      http_received, network <- proxy.decode request_sent) <- receipt (proxy, and proxy
+      queue wait <- scheduler_received, engine busy <- core_received, engine input <-
+      vllm_arrival, api server <- http_received, network <- proxy.decode request_sent)
+      <- receipt (proxy, and proxy
       CPU wait: the proxy's event loop runnable without a CPU, from the first leg's
       request_sent event, drawn just before the send). A rendezvous that ended without
       D's registration and no WRITE (P gave up on it): kv.notify start <- D's chain from
       its registration on; P's writer never had the request.
 pull: first token <- decode end <- kv.read end (minus its polling lag) <- kv.read start
       <- kv.desc_prep <- blocks_allocated (step handoff) <- D's queue wait, engine
-      input, api server, network <- proxy.decode request_sent <- relay (kv.relay start;
+      busy, engine input, api server, network <- proxy.decode request_sent <- relay (kv.relay start;
       proxy CPU wait just before the send: D's request_sent wait less kv.relay's) <-
       proxy.prefill end (response) <- prefill end <- P's prefill compute, queue wait,
-      engine input, api server, network <- proxy.prefill request_sent <- receipt
+      engine busy, engine input, api server, network <- proxy.prefill request_sent <- receipt
       (proxy, and proxy CPU wait as in push).
 Both: "first token" is the root's first_token (out to the client) <- proxy.decode's
       (D's token in): proxy, and proxy CPU wait (the root event's wait less D's).
@@ -194,7 +195,8 @@ def _leg(
     sent_need: str,
 ) -> tuple[list[Step], list[str]]:
     """An engine leg from scheduler_received back to the proxy sending it: queue wait
-    (node scheduler_received), engine input (vllm_arrival, when it lies between),
+    (node scheduler_received), engine busy (core_received, when it lies between), engine
+    input (vllm_arrival, when it lies between),
     api server (http_received), network (the proxy leg's request_sent; without it,
     `fallback`: the leg's start). The caller's previous step
     ends the queue wait (compute_started, blocks_allocated). A leg sent again after the
@@ -223,6 +225,8 @@ def _leg(
     else:
         steps.append(Step(ph.QUEUE_WAIT, svc, sched, span, need=name))
         arrival = _arrival(c, span, http, sched)
+        core = _core(c, span, http if arrival is None else arrival, sched)
+        steps.append(Step(ph.ENGINE_BUSY, svc, core, span, optional=True))
         steps.append(Step(ph.ENGINE_INPUT, svc, arrival, span, optional=True))
         steps.append(Step(ph.API_SERVER, svc, http, span, need=name))
     again = c.event(proxy_leg, sc.EVENT_REQUEST_RESENT)
@@ -238,6 +242,12 @@ def _arrival(c: _Ctx, span: Span | None, http: float | None, sched: float | None
     """vLLM's arrival_time (the span's vllm_arrival event) when it splits api server from
     engine input: between http_received and scheduler_received (one engine's clock)."""
     return _between(http, c.event(span, sc.EVENT_VLLM_ARRIVAL), sched)
+
+
+def _core(c: _Ctx, span: Span | None, after: float | None, sched: float | None) -> float | None:
+    """When the EngineCore's input thread had the request (core_received), when it splits
+    engine input (or api server) from engine busy: between `after` and scheduler_received."""
+    return _between(after, c.event(span, sc.EVENT_CORE_RECEIVED), sched)
 
 
 def _between(a: Num | None, x: Num | None, b: Num | None) -> Num | None:
@@ -636,8 +646,8 @@ def _clip(
 
 
 def _engine_parts(c: _Ctx, s: Span) -> list[tuple[str, float | None, float | None]]:
-    """A hidden `prefill` span as its phases: api server, engine input, queue wait,
-    prefill compute."""
+    """A hidden `prefill` span as its phases: api server, engine input, engine busy,
+    queue wait, prefill compute."""
     http = c.event(s, sc.EVENT_HTTP_RECEIVED) or c.start(s)
     sched = c.event(s, sc.EVENT_SCHEDULER_RECEIVED)
     compute = c.event(s, sc.EVENT_COMPUTE_STARTED)
@@ -646,10 +656,14 @@ def _engine_parts(c: _Ctx, s: Span) -> list[tuple[str, float | None, float | Non
     if sched is None:
         return [(ph.QUEUE_WAIT, http, compute), (ph.PREFILL_COMPUTE, compute, c.end(s))]
     arrival = _arrival(c, s, http, sched)
-    inputs = [] if arrival is None else [(ph.ENGINE_INPUT, arrival, sched)]
+    core = _core(c, s, http if arrival is None else arrival, sched)
+    taken = sched if core is None else core  # the EngineCore had it
+    inputs = [] if arrival is None else [(ph.ENGINE_INPUT, arrival, taken)]
+    busy = [] if core is None else [(ph.ENGINE_BUSY, core, sched)]
     return [
-        (ph.API_SERVER, http, sched if arrival is None else arrival),
+        (ph.API_SERVER, http, taken if arrival is None else arrival),
         *inputs,
+        *busy,
         (ph.QUEUE_WAIT, sched, compute),
         (ph.PREFILL_COMPUTE, compute, c.end(s)),
     ]
@@ -738,11 +752,16 @@ def engine_phases(ix: TraceIndex) -> dict[str, dict[str, float]]:
         sched = _ev(span, sc.EVENT_SCHEDULER_RECEIVED)
         http = _ev(span, sc.EVENT_HTTP_RECEIVED)
         arrival = _between(http, _ev(span, sc.EVENT_VLLM_ARRIVAL), sched)
+        after = http if arrival is None else arrival
+        core = _between(after, _ev(span, sc.EVENT_CORE_RECEIVED), sched)
+        taken = sched if core is None else core  # the EngineCore had it
         if arrival is not None:  # vLLM took it in: api server, then engine input
             put(role, ph.API_SERVER, _gap_ms(http, arrival))
-            put(role, ph.ENGINE_INPUT, _gap_ms(arrival, sched))
+            put(role, ph.ENGINE_INPUT, _gap_ms(arrival, taken))
         else:
-            put(role, ph.API_SERVER, _gap_ms(http, sched))
+            put(role, ph.API_SERVER, _gap_ms(http, taken))
+        if core is not None:  # then the EngineCore's loop finished its step
+            put(role, ph.ENGINE_BUSY, _gap_ms(core, sched))
         queue_end = sc.EVENT_COMPUTE_STARTED if role == PREFILL else sc.EVENT_BLOCKS_ALLOCATED
         put(role, ph.QUEUE_WAIT, _gap_ms(sched, _ev(span, queue_end)))
         for h in hs[role]:

@@ -22,7 +22,8 @@ from tracedpush import semconv as sc
 # every leg (P's, D's)
 NETWORK: Final = "network"  # the leg's bytes leave the proxy -> the engine's kernel has them
 API_SERVER: Final = "api server"  # http_received -> vllm_arrival (else scheduler_received)
-ENGINE_INPUT: Final = "engine input"  # vllm_arrival -> scheduler_received
+ENGINE_INPUT: Final = "engine input"  # vllm_arrival -> core_received (else scheduler_received)
+ENGINE_BUSY: Final = "engine busy"  # core_received -> scheduler_received
 QUEUE_WAIT: Final = "queue wait"  # scheduler_received -> compute_started / blocks_allocated
 PREFILL_COMPUTE: Final = "prefill compute"  # P: compute_started -> prefill finished
 # pull, after prefill
@@ -53,6 +54,7 @@ PHASES: Final = (
     NETWORK,
     API_SERVER,
     ENGINE_INPUT,
+    ENGINE_BUSY,
     QUEUE_WAIT,
     PREFILL_COMPUTE,
     RESPONSE,
@@ -86,9 +88,13 @@ DESCRIPTIONS: Final = {
     API_SERVER: "the engine's API server until vLLM takes the request in: waiting for its "
     "loop and core, HTTP parsing, validation (http_received -> vllm_arrival; without that "
     "event, to scheduler_received: engine input too)",
-    ENGINE_INPUT: "vLLM's arrival_time -> the EngineCore's scheduler has it: the prompt "
-    "rendered and tokenized, the request sent to the EngineCore process, and taken by its "
-    "busy loop between two engine steps (vllm_arrival -> scheduler_received)",
+    ENGINE_INPUT: "vLLM's arrival_time -> the EngineCore process has it: the prompt "
+    "rendered and tokenized, the request sent to the EngineCore and decoded by its input "
+    "thread (vllm_arrival -> core_received; without that event, to scheduler_received: "
+    "engine busy too)",
+    ENGINE_BUSY: "the EngineCore has the request -> its scheduler takes it: the busy loop "
+    "finishing the engine step it was in, which it adds new requests only between "
+    "(core_received -> scheduler_received)",
     QUEUE_WAIT: "the scheduler's waiting queue (scheduler_received -> compute_started on P, "
     "-> blocks_allocated on D; vLLM's request_queue_time on P)",
     PREFILL_COMPUTE: "P: first scheduled -> prefill finished, chunked steps included "
@@ -155,6 +161,7 @@ COLORS: Final = {
     NETWORK: "#c7c7c7",
     API_SERVER: "#dbdb8d",
     ENGINE_INPUT: "#e7cb94",
+    ENGINE_BUSY: "#843c39",
     QUEUE_WAIT: "#98df8a",
     PREFILL_COMPUTE: "#2ca02c",
     RESPONSE: "#aec7e8",

@@ -16,6 +16,9 @@ An unsampled request is not watched for its first schedule; its other events are
 recorded, because the engine's KV metrics count every request, but no span is built or
 exported for it (`telemetry.builder`).
 
+The scheduler side also stamps each request as the EngineCore's input thread has it
+(`core_input.py`), which splits `engine input` from the wait for the busy loop.
+
 Worker side: `bind_connector_metadata`, `start_load_kv`, `get_finished` /
 `get_transfer_results` (public), the NIXL agent tap (`tap.py`), and two private seams
 checked by `version.py`: `_nixl_handshake` (handshake timing) and, in push mode,
@@ -35,7 +38,7 @@ from time import monotonic, time_ns
 from typing import Any
 
 from tracedpush import semconv
-from tracedpush.connector import version
+from tracedpush.connector import core_input, version
 from tracedpush.connector.config import TracedConfig
 from tracedpush.connector.metrics import TracedKVConnectorStats, TracedPromMetrics, collect_stats
 from tracedpush.connector.producer_renewal import PullRenewal, PushRenewal
@@ -191,6 +194,8 @@ class TracedConnectorMixin:
         if worker is not None:
             worker.nixl_wrapper = NixlAgentTap(worker.nixl_wrapper, record)
             self._tp_wrap_handshake(worker, record)
+        else:  # when the EngineCore's input thread had each request (engine input's split)
+            core_input.install()
         log.info(
             "tracedpush: tracing %s %s (%s) on %s -> %s",
             self._TRACEDPUSH_MODE,
@@ -242,6 +247,7 @@ class TracedConnectorMixin:
                     request.num_prompt_tokens,
                     traceparent,
                     received if isinstance(received, int) else 0,
+                    core_input.received(request.request_id),
                 )
                 record(event)
                 self._tp_outbox.append(event)

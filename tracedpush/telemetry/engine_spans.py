@@ -2,7 +2,8 @@
 
 It starts when the engine's HTTP server had the request (the API-server middleware's
 `http_received`), else at vLLM's arrival_time, and carries the events that bound each
-engine-local phase: `http_received`, `vllm_arrival`, `scheduler_received`, then
+engine-local phase: `http_received`, `vllm_arrival`, `core_received`, `scheduler_received`,
+then
 `compute_started` (P) or `blocks_allocated` / `kv_received` (D). See docs/spans.md.
 """
 
@@ -31,6 +32,8 @@ class EngineSpanEmitter(Emitter):
             events.append(Event(semconv.EVENT_HTTP_RECEIVED, timestamp=req.received))
             events.append(Event(semconv.EVENT_VLLM_ARRIVAL, timestamp=req.arrival))
         if req.sched_recv:
+            if req.core_recv and req.arrival <= req.core_recv <= req.sched_recv:
+                events.append(Event(semconv.EVENT_CORE_RECEIVED, timestamp=req.core_recv))
             events.append(Event(semconv.EVENT_SCHEDULER_RECEIVED, timestamp=req.sched_recv))
         if self.spans.cfg.role == "prefill":
             name = semconv.SPAN_PREFILL

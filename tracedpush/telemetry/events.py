@@ -32,6 +32,8 @@ class New(NamedTuple):
     prompt_len: int
     traceparent: str | None
     received_ns: int  # the engine's HTTP server had it (middleware), 0 if unknown
+    # the EngineCore's input thread had it (connector/core_input.py), 0 if unknown
+    core_received_ns: int = 0
 
 
 class Alloc(NamedTuple):

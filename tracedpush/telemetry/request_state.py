@@ -81,6 +81,7 @@ class RequestState:
         "alloc",
         "arrival",
         "base",
+        "core_recv",
         "done",
         "emitted",
         "failed",
@@ -127,6 +128,7 @@ class RequestState:
         self.trace_id = 0
         self.parent_id = 0
         self.arrival = self.received = self.sched_recv = self.alloc = self.sched = 0
+        self.core_recv = 0  # the EngineCore's input thread had it
         self.finished = self.recv_done = self.handoff = 0
         self.reg_arrival = self.reg_sent = self.load_start = self.prep_end = 0
         self.post_start = self.xfer_done = self.results_done = self.last_seen = 0
@@ -224,6 +226,7 @@ class RequestTracker:
         req.sched_recv = e.t
         req.arrival = int(e.arrival_s * 1e9) if e.arrival_s else e.t
         req.received = e.received_ns if 0 < e.received_ns <= req.arrival else 0
+        req.core_recv = e.core_received_ns if e.core_received_ns >= req.arrival else 0
         req.prompt_len = e.prompt_len
         req.set_context(e.traceparent)
         return (req,)

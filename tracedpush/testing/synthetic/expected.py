@@ -50,8 +50,8 @@ def expected_path(
     waited for the proxy's model catalog after receipt; `cpu_wait`: the proxy's event loop
     waited for a CPU before the first leg's bytes left; `relay_wait`: and in pull's relay;
     `token_wait`: and as the first token went out; `engine_input`: the engine spans have
-    vllm_arrival (with http_received)."""
-    api = [ph.API_SERVER, ph.ENGINE_INPUT] if engine_input else [ph.API_SERVER]
+    vllm_arrival and core_received (with http_received)."""
+    api = [ph.API_SERVER, ph.ENGINE_INPUT, ph.ENGINE_BUSY] if engine_input else [ph.API_SERVER]
     if isinstance(leg, PushLeg):
         p_leg = [ph.PROXY, ph.NETWORK, *api, ph.QUEUE_WAIT]
         p_parts = [*api, ph.QUEUE_WAIT, ph.PREFILL_COMPUTE]
@@ -99,9 +99,11 @@ def engine_truth(
     }
     if http_received:
         truth["prefill"][ph.API_SERVER] = pre.p_arrival - pre.p_http
-        truth["prefill"][ph.ENGINE_INPUT] = pre.p_sched - pre.p_arrival
+        truth["prefill"][ph.ENGINE_INPUT] = pre.p_core - pre.p_arrival
+        truth["prefill"][ph.ENGINE_BUSY] = pre.p_sched - pre.p_core
         truth["decode"][ph.API_SERVER] = leg.d_arrival - leg.d_http
-        truth["decode"][ph.ENGINE_INPUT] = leg.d_sched - leg.d_arrival
+        truth["decode"][ph.ENGINE_INPUT] = leg.d_core - leg.d_arrival
+        truth["decode"][ph.ENGINE_BUSY] = leg.d_sched - leg.d_core
     transfer_ms = round(a.xfer * 1000) / 1000  # as the spans report it (whole µs)
     if isinstance(leg, PushLeg):
         truth["prefill"].update(

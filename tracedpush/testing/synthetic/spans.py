@@ -74,11 +74,18 @@ class _Tree:
         }
 
 
-def _received(http_received: bool, http: float, arrival: float) -> list[tuple[str, float]]:
-    """An engine span's first events: http_received and vllm_arrival, with the middleware."""
+def _received(
+    http_received: bool, http: float, arrival: float, core: float
+) -> list[tuple[str, float]]:
+    """An engine span's first events: http_received, vllm_arrival and core_received, with
+    the middleware."""
     if not http_received:
         return []
-    return [(sc.EVENT_HTTP_RECEIVED, http), (sc.EVENT_VLLM_ARRIVAL, arrival)]
+    return [
+        (sc.EVENT_HTTP_RECEIVED, http),
+        (sc.EVENT_VLLM_ARRIVAL, arrival),
+        (sc.EVENT_CORE_RECEIVED, core),
+    ]
 
 
 def emit_request(
@@ -147,7 +154,7 @@ def emit_request(
             sc.PREFILL_STEPS: pre.steps,
         },
         events=[
-            *_received(http_received, pre.p_http, pre.p_arrival),
+            *_received(http_received, pre.p_http, pre.p_arrival, pre.p_core),
             (sc.EVENT_SCHEDULER_RECEIVED, pre.p_sched),
             (sc.EVENT_COMPUTE_STARTED, pre.compute_start),
         ],
@@ -187,7 +194,7 @@ def emit_request(
             sc.DECODE_END: "first_token_scheduled",
         },
         events=[
-            *_received(http_received, leg.d_http, leg.d_arrival),
+            *_received(http_received, leg.d_http, leg.d_arrival, leg.d_core),
             (sc.EVENT_SCHEDULER_RECEIVED, leg.d_sched),
             (sc.EVENT_BLOCKS_ALLOCATED, leg.alloc),
         ],

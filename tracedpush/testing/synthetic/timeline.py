@@ -162,7 +162,8 @@ def arrive(
 class PrefillLeg:
     """The proxy -> P leg. Every engine leg is network (proxy -> HTTP server), API server
     (HTTP, validation: to vLLM's arrival_time, 60% of it here), engine input
-    (tokenization, IPC, the EngineCore taking it), then queue wait (FIFO)."""
+    (tokenization, IPC: to the EngineCore's input thread, 60% of the rest), engine busy
+    (the EngineCore's loop finishing its step), then queue wait (FIFO)."""
 
     pp_start: float  # proxy.prefill span
     p_sent: float  # its bytes leave the proxy
@@ -174,6 +175,16 @@ class PrefillLeg:
     pre_end: float
     pp_end: float
     steps: int  # prefill engine steps (chunks)
+
+    @property
+    def p_core(self) -> float:
+        """The EngineCore's input thread has it (core_received)."""
+        return _core(self.p_arrival, self.p_sched)
+
+
+def _core(arrival: float, sched: float) -> float:
+    """core_received: 60% of vLLM's arrival -> the scheduler's (no draw: later draws stay)."""
+    return arrival + 0.6 * (sched - arrival)
 
 
 def prefill_leg(dep: Deployment, a: Arrival) -> PrefillLeg:
@@ -223,6 +234,11 @@ class DecodeLeg:
     def d_arrival(self) -> float:
         """vLLM's arrival_time on D: 60% of D's API-server time after its HTTP receipt, as P's."""
         return self.d_http + 0.6 * self.d_api
+
+    @property
+    def d_core(self) -> float:
+        """D's EngineCore input thread has it (core_received)."""
+        return _core(self.d_arrival, self.d_sched)
 
 
 @dataclass(frozen=True, slots=True)
