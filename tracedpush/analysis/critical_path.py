@@ -16,18 +16,18 @@ push: first token <- decode end <- kv.notify end <- kv.notify start <- WRITE lan
       or D's (registration delivery <- kv.register end, registration <- blocks_allocated,
       queue wait <- scheduler_received, engine busy <- core_received, engine input <-
       vllm_arrival, api server <- http_received, network <- proxy.decode request_sent)
-      <- receipt (proxy, and proxy
-      CPU wait: the proxy's event loop runnable without a CPU, from the first leg's
-      request_sent event, drawn just before the send). A rendezvous that ended without
-      D's registration and no WRITE (P gave up on it): kv.notify start <- D's chain from
-      its registration on; P's writer never had the request.
+      <- receipt (proxy, and proxy CPU wait: the proxy's event loop runnable without a
+      CPU, from the first leg's request_sent event, drawn just before the send). A
+      rendezvous that ended without D's registration and no WRITE (P gave up on it):
+      kv.notify start <- D's chain from its registration on; P's writer never had the
+      request.
 pull: first token <- decode end <- kv.read end (minus its polling lag) <- kv.read start
       <- kv.desc_prep <- blocks_allocated (step handoff) <- D's queue wait, engine
-      busy, engine input, api server, network <- proxy.decode request_sent <- relay (kv.relay start;
-      proxy CPU wait just before the send: D's request_sent wait less kv.relay's) <-
-      proxy.prefill end (response) <- prefill end <- P's prefill compute, queue wait,
-      engine busy, engine input, api server, network <- proxy.prefill request_sent <- receipt
-      (proxy, and proxy CPU wait as in push).
+      busy, engine input, api server, network <- proxy.decode request_sent <- relay
+      (kv.relay start; proxy CPU wait just before the send: D's request_sent wait less
+      kv.relay's) <- proxy.prefill end (response) <- prefill end <- P's prefill compute,
+      queue wait, engine busy, engine input, api server, network <- proxy.prefill
+      request_sent <- receipt (proxy, and proxy CPU wait as in push).
 Both: "first token" is the root's first_token (out to the client) <- proxy.decode's
       (D's token in): proxy, and proxy CPU wait (the root event's wait less D's).
 
@@ -196,13 +196,13 @@ def _leg(
 ) -> tuple[list[Step], list[str]]:
     """An engine leg from scheduler_received back to the proxy sending it: queue wait
     (node scheduler_received), engine busy (core_received, when it lies between), engine
-    input (vllm_arrival, when it lies between),
-    api server (http_received), network (the proxy leg's request_sent; without it,
-    `fallback`: the leg's start). The caller's previous step
-    ends the queue wait (compute_started, blocks_allocated). A leg sent again after the
-    engine closed its kept-alive connection unanswered (``request_resent``): network from
-    the second send, and the time before it, back to the first, is the engine's api
-    server, which did not read the request before it closed the connection."""
+    input (vllm_arrival, when it lies between), api server (http_received), network (the
+    proxy leg's request_sent; without it, `fallback`: the leg's start). The caller's
+    previous step ends the queue wait (compute_started, blocks_allocated). A leg sent
+    again after the engine closed its kept-alive connection unanswered
+    (``request_resent``): network from the second send, and the time before it, back to
+    the first, is the engine's api server, which did not read the request before it
+    closed the connection."""
     problems: list[str] = []
     sent = c.event(proxy_leg, sc.EVENT_REQUEST_SENT)
     if sent is None:

@@ -2,9 +2,9 @@
 
 It starts when the engine's HTTP server had the request (the API-server middleware's
 `http_received`), else at vLLM's arrival_time, and carries the events that bound each
-engine-local phase: `http_received`, `vllm_arrival`, `core_received`, `scheduler_received`,
-then
-`compute_started` (P) or `blocks_allocated` / `kv_received` (D). See docs/spans.md.
+engine-local phase: `http_received`, `vllm_arrival`, `core_received`,
+`scheduler_received`, then `compute_started` (P) or `blocks_allocated` / `kv_received`
+(D). See docs/spans.md.
 """
 
 from __future__ import annotations
