@@ -38,7 +38,9 @@ def test_head_against_itself_in_abba_order(tmp_path: Path) -> None:
     assert [len(r) for r in runs.values()] == [2, 2]  # A B B A
     assert all(r["wall_ms_per_request"] > 0 for side in runs.values() for r in side)
     a, b = (sum(r["cpu_ms_per_request"] for r in runs[s]) / 2 for s in ("A", "B"))
-    assert got["cpu_ratio_b_over_a"] == pytest.approx(b / a, abs=1e-3)
+    # three requests can cost less than the kernel's CPU tick: then there is no ratio (CI
+    # once divided by zero here)
+    assert got["cpu_ratio_b_over_a"] == (pytest.approx(b / a, abs=1e-3) if a else None)
     listed = subprocess.run(
         ["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True
     ).stdout
