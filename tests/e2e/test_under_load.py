@@ -7,9 +7,12 @@ vLLM measures some of what we measure, from its own timestamps: P's
 (NIXL's xferDuration; on P in push mode, on D in pull mode). The growth of those sums
 over our workload must match the totals of our `engine_phases_ms` within 5%, with equal
 request counts. P's `vllm:time_to_first_token_seconds` runs from vLLM's arrival_time (our
-`vllm_arrival`) to P's one token back in its API server: our engine input + queue wait +
-prefill compute must be at most that, and within 5% of it. Then the account of where the
-TTFT difference between the modes goes must leave less than 1% of it unattributed.
+`vllm_arrival`) to P's one token back in its API server: our engine input + engine busy +
+queue wait + prefill compute must be at most that, and within 5% of it (engine busy is
+the rest of the old engine input, after the EngineCore's own receipt). Engine busy is
+checked against each engine's own step records: every request is taken at the first
+step boundary after `core_received`. Then the account of where the TTFT difference
+between the modes goes must leave less than 1% of it unattributed.
 """
 
 from __future__ import annotations
