@@ -9,6 +9,7 @@ import pytest
 from tracedpush import semconv as sc
 from tracedpush.analysis import TraceStore, analyze, compare, phases, to_perfetto
 from tracedpush.analysis.model import Event, Resource, Span
+from tracedpush.analysis.results import RequestAnalysis
 from tracedpush.testing import synthetic
 
 BASE = 1_700_000_000_000_000_000
@@ -160,13 +161,18 @@ def exact(spans: list[Span]) -> Any:
 
 def path_of(spans: list[Span]) -> list[tuple[str, float, float]]:
     (r,) = exact(spans).requests
+    return segments(r)
+
+
+def segments(r: RequestAnalysis) -> list[tuple[str, float, float]]:
+    """A request's critical path as (phase, start, duration), rounded to the ns."""
     return [(s.phase, round(s.start_ms, 6), round(s.duration_ms, 6)) for s in r.critical_path]
 
 
 def test_push_registration_first_exact_segments() -> None:
     run = exact(trace("push", push_spec()))
     (r,) = run.requests
-    assert [(s.phase, round(s.start_ms, 6), round(s.duration_ms, 6)) for s in r.critical_path] == [
+    assert segments(r) == [
         (phases.PROXY, 0.0, 1.0),
         (phases.NETWORK, 1.0, 1.0),  # proxy.prefill sent -> http_received
         (phases.API_SERVER, 2.0, 1.0),  # -> scheduler_received
@@ -320,7 +326,7 @@ def test_a_registration_that_came_after_p_gave_up_puts_ds_chain_on_the_path() ->
     del spec[sc.SPAN_KV_DESC_PREP], spec[sc.SPAN_KV_WRITE]
     (r,) = exact(trace("push", spec)).requests
     assert r.ttft_ms is None
-    assert [(s.phase, round(s.start_ms, 6), round(s.duration_ms, 6)) for s in r.critical_path] == [
+    assert segments(r) == [
         (phases.PROXY, 0.0, 1.5),
         (phases.NETWORK, 1.5, 1.0),
         (phases.API_SERVER, 2.5, 30_987.5),  # where the time went
@@ -358,7 +364,7 @@ def test_rendezvous_order_inferred_without_attribute() -> None:
 def test_pull_path_goes_through_response_relay_read_and_polling_lag() -> None:
     run = exact(trace("pull", pull_spec()))
     (r,) = run.requests
-    got = [(s.phase, round(s.start_ms, 6), round(s.duration_ms, 6)) for s in r.critical_path]
+    got = segments(r)
     assert got == [
         (phases.PROXY, 0.0, 1.0),
         (phases.NETWORK, 1.0, 1.0),
@@ -452,7 +458,7 @@ def test_vllms_arrival_splits_the_api_server_from_engine_input(mode: str) -> Non
     (another clock's value, a bad event) it is ignored: the whole is `api server`."""
     spec = push_spec() if mode == "push" else pull_spec()
     (r,) = exact(_with_arrival(trace(mode, spec), sc.SPAN_PREFILL, 2.25)).requests
-    segs = [(s.phase, round(s.start_ms, 6), round(s.duration_ms, 6)) for s in r.critical_path]
+    segs = segments(r)
     assert segs[1:4] == [
         (phases.NETWORK, 1.0, 1.0),
         (phases.API_SERVER, 2.0, 0.25),  # http_received -> vllm_arrival
@@ -464,9 +470,7 @@ def test_vllms_arrival_splits_the_api_server_from_engine_input(mode: str) -> Non
     assert phases.ENGINE_INPUT not in r.engine_phases_ms["decode"]
     for at in (1.5, 3.5):
         (r,) = exact(_with_arrival(trace(mode, spec), sc.SPAN_PREFILL, at)).requests
-        assert (phases.API_SERVER, 2.0, 1.0) in [
-            (s.phase, round(s.start_ms, 6), round(s.duration_ms, 6)) for s in r.critical_path
-        ], at
+        assert (phases.API_SERVER, 2.0, 1.0) in segments(r), at
         assert phases.ENGINE_INPUT not in r.engine_phases_ms["prefill"], at
 
 
@@ -487,7 +491,7 @@ def test_core_received_splits_engine_input_from_engine_busy(mode: str) -> None:
     spec = push_spec() if mode == "push" else pull_spec()
     spans = _with_arrival(trace(mode, spec), sc.SPAN_PREFILL, 2.25)
     (r,) = exact(_with_event(spans, sc.SPAN_PREFILL, sc.EVENT_CORE_RECEIVED, 2.5)).requests
-    segs = [(s.phase, round(s.start_ms, 6), round(s.duration_ms, 6)) for s in r.critical_path]
+    segs = segments(r)
     assert segs[2:5] == [
         (phases.API_SERVER, 2.0, 0.25),
         (phases.ENGINE_INPUT, 2.25, 0.25),  # vllm_arrival -> core_received
@@ -501,15 +505,13 @@ def test_core_received_splits_engine_input_from_engine_busy(mode: str) -> None:
     # no vllm_arrival: api server runs to core_received
     spans = _with_event(trace(mode, spec), sc.SPAN_PREFILL, sc.EVENT_CORE_RECEIVED, 2.5)
     (r,) = exact(spans).requests
-    segs = [(s.phase, round(s.start_ms, 6), round(s.duration_ms, 6)) for s in r.critical_path]
+    segs = segments(r)
     assert segs[2:4] == [(phases.API_SERVER, 2.0, 0.5), (phases.ENGINE_BUSY, 2.5, 0.5)]
     assert r.engine_phases_ms["prefill"][phases.API_SERVER] == pytest.approx(0.5)
     for at in (2.0, 3.5):  # before vllm_arrival, after scheduler_received
         spans = _with_arrival(trace(mode, spec), sc.SPAN_PREFILL, 2.25)
         (r,) = exact(_with_event(spans, sc.SPAN_PREFILL, sc.EVENT_CORE_RECEIVED, at)).requests
-        assert (phases.ENGINE_INPUT, 2.25, 0.75) in [
-            (s.phase, round(s.start_ms, 6), round(s.duration_ms, 6)) for s in r.critical_path
-        ], at
+        assert (phases.ENGINE_INPUT, 2.25, 0.75) in segments(r), at
         assert phases.ENGINE_BUSY not in r.engine_phases_ms["prefill"], at
 
 
@@ -617,7 +619,7 @@ def test_the_cpu_wait_is_read_from_the_leg_on_the_path() -> None:
     assert phases.PROXY_CPU_WAIT not in [s[0] for s in path_of(spans)]
     (r,) = exact(_loop_said(spans, sc.SPAN_PROXY_DECODE, 0.5)).requests
     assert r.rendezvous_first == "prefill"
-    segs = [(s.phase, round(s.start_ms, 6), round(s.duration_ms, 6)) for s in r.critical_path]
+    segs = segments(r)
     d_sent = next(e.time_ns for s in spans if s.name == sc.SPAN_PROXY_DECODE for e in s.events)
     sent_ms = round((d_sent - BASE) / 1e6, 6)
     assert segs[:2] == [
@@ -705,7 +707,7 @@ def test_missing_events_are_unattributed_not_guessed() -> None:
     )
     spans = _without_event(spans, sc.SPAN_PREFILL, sc.EVENT_SCHEDULER_RECEIVED)
     (r,) = exact(spans).requests
-    got = [(s.phase, round(s.start_ms, 6), round(s.duration_ms, 6)) for s in r.critical_path]
+    got = segments(r)
     assert got[2:6] == [
         (phases.QUEUE_WAIT, 2.0, 8.0),  # API-server time counted in queue wait
         (phases.PREFILL_COMPUTE, 10.0, 50.0),
