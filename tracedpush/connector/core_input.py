@@ -47,7 +47,7 @@ def _core_class() -> Any | None:
 def install() -> bool:
     """Wrap vLLM's `EngineCore.preprocess_add_request`; False when it is not there."""
     core = _core_class()
-    original = getattr(core, "preprocess_add_request", None) if core is not None else None
+    original = getattr(core, "preprocess_add_request", None)  # None without vLLM's class
     if original is None:
         log.info("tracedpush: no EngineCore.preprocess_add_request; engine input not split")
         return False
@@ -72,8 +72,7 @@ def install() -> bool:
 def uninstall() -> None:
     """vLLM's own method back, and no stamps kept."""
     core = _core_class()
-    wrapped = getattr(core, "preprocess_add_request", None) if core is not None else None
-    original = getattr(wrapped, _WRAPPED, None)
+    original = getattr(getattr(core, "preprocess_add_request", None), _WRAPPED, None)
     if original is not None:
         core.preprocess_add_request = original  # type: ignore[union-attr]
     RECEIVED.clear()
