@@ -9,7 +9,10 @@ over our workload must match the totals of our `engine_phases_ms` within 5%, wit
 request counts. P's `vllm:time_to_first_token_seconds` runs from vLLM's arrival_time (our
 `vllm_arrival`) to P's one token back in its API server: our engine input + engine busy +
 queue wait + prefill compute must be at most that, and within 5% of it (engine busy is
-the rest of the old engine input, after the EngineCore's own receipt). Engine busy is
+the rest of the old engine input, after the EngineCore's own receipt). On D, vLLM's
+queue time (QUEUED -> first SCHEDULED, after the KV arrived) must equal our
+`scheduler_received` -> `decode` end within 5%, and D's engine input + engine busy + that
+queue time + vLLM's prefill time on D must be at most D's TTFT, within 5%. Engine busy is
 checked against each engine's own step records: every request is taken at the first
 step boundary after `core_received`. Then the account of where the TTFT difference
 between the modes goes must leave less than 1% of it unattributed.
@@ -41,33 +44,32 @@ TOLERANCE = 0.05
 QUEUE = "vllm:request_queue_time_seconds"
 PREFILL = "vllm:request_prefill_time_seconds"
 XFER = "vllm:nixl_xfer_time_seconds"
-TTFT = "vllm:time_to_first_token_seconds"  # on P: its arrival_time -> its one token out
+TTFT = "vllm:time_to_first_token_seconds"  # each engine: its arrival_time -> first token out
 
 pytestmark = pytest.mark.timeout(2400)
 
 
 def _counters(pd: Any, mode: str) -> dict[str, float]:
+    """vLLM's sums and counts: P's queue, prefill and TTFT, the transfer on the engine
+    that runs it, and D's own queue, prefill and TTFT (prefixed ``d_``)."""
     xfer_url = pd.prefill_url if mode == "push" else pd.decode_url
-    return {
-        "queue_sum": metric_sum(pd.prefill_url, QUEUE + "_sum"),
-        "queue_count": metric_sum(pd.prefill_url, QUEUE + "_count"),
-        "prefill_sum": metric_sum(pd.prefill_url, PREFILL + "_sum"),
-        "prefill_count": metric_sum(pd.prefill_url, PREFILL + "_count"),
-        "xfer_sum": metric_sum(xfer_url, XFER + "_sum"),
-        "xfer_count": metric_sum(xfer_url, XFER + "_count"),
-        "ttft_sum": metric_sum(pd.prefill_url, TTFT + "_sum"),
-        "ttft_count": metric_sum(pd.prefill_url, TTFT + "_count"),
-    }
+    out = {"xfer_sum": metric_sum(xfer_url, XFER + "_sum"),
+           "xfer_count": metric_sum(xfer_url, XFER + "_count")}  # fmt: skip
+    for prefix, url in (("", pd.prefill_url), ("d_", pd.decode_url)):
+        for key, name in (("queue", QUEUE), ("prefill", PREFILL), ("ttft", TTFT)):
+            for part in ("sum", "count"):
+                out[f"{prefix}{key}_{part}"] = metric_sum(url, f"{name}_{part}")
+    return out
 
 
 def _grown(pd: Any, mode: str, before: dict[str, float], n: int) -> dict[str, float]:
     """vLLM's stats reach /metrics a little after a request ends: wait for all n."""
     deadline = time.monotonic() + 30.0
+    counts = ("queue_count", "prefill_count", "xfer_count", "d_queue_count", "d_ttft_count")
     while True:
         now = _counters(pd, mode)
         delta = {k: now[k] - before[k] for k in now}
-        done = delta["queue_count"] >= n and delta["prefill_count"] >= n
-        if (done and delta["xfer_count"] >= n) or time.monotonic() > deadline:
+        if all(delta[k] >= n for k in counts) or time.monotonic() > deadline:
             return delta
         time.sleep(0.5)
 
@@ -110,6 +112,21 @@ def _busy_in_steps(
                 crossed.append(bisect_right(ends, sched) - i)
         out[role] = (busy / 1e6, before / 1e6, sorted(crossed))
     return out
+
+
+def _d_queued(store: TraceStore, run: RunAnalysis) -> tuple[float, int]:
+    """D's `scheduler_received` -> `decode` span end, summed over the run's requests (ms),
+    and how many had both: vLLM's QUEUED -> first SCHEDULED on D, which for a request
+    whose KV comes from P is after the KV arrived (our `queue wait` on D ends earlier,
+    when D allocates the blocks; the handoff's phases follow it)."""
+    total, n = 0, 0
+    for r in run.requests:
+        for span in store.spans(r.trace_id):
+            sched = span.event_ns(sc.EVENT_SCHEDULER_RECEIVED)
+            if span.name == sc.SPAN_DECODE and sched is not None:
+                total += span.end_ns - sched
+                n += 1
+    return total / 1e6, n
 
 
 def _total(run: RunAnalysis, engine: str, phase: str) -> tuple[float, int]:
@@ -201,6 +218,22 @@ def test_engine_phases_agree_with_vllm_under_load(
     )
     # (here 0.98 in both modes: the way back is about 4 ms a request)
     assert (1 - TOLERANCE) * theirs <= ours <= theirs, (ours, theirs)
+    # D: vLLM's queue time there is QUEUED -> first SCHEDULED, the KV's arrival included
+    d_queue_ms, n_d = _d_queued(store, run)
+    assert n_d == int(delta["d_queue_count"]) == N_REQUESTS
+    _agree(d_queue_ms, delta["d_queue_sum"], "D's scheduler_received -> decode end")
+    # vLLM's TTFT on D runs from D's arrival_time: engine input + engine busy on D (to
+    # QUEUED), that queue time, D's prefill time (SCHEDULED -> its first token: D's first
+    # forward, which no span of ours covers: vLLM's figure here) and the token's way back
+    assert int(delta["d_ttft_count"]) == int(delta["d_prefill_count"]) == N_REQUESTS
+    ours_d = input_ms["decode"] + busy_ms["decode"] + d_queue_ms + delta["d_prefill_sum"] * 1e3
+    theirs_d = delta["d_ttft_sum"] * 1e3
+    print(
+        f"\n{mode}: D's scheduler_received -> decode end {d_queue_ms:.0f} ms (vLLM's queue "
+        f"time on D {delta['d_queue_sum'] * 1e3:.0f}); D's arrival -> first token {ours_d:.0f}"
+        f" ms, vLLM's TTFT on D {theirs_d:.0f} ms ({ours_d / theirs_d:.3f})"
+    )
+    assert (1 - TOLERANCE) * theirs_d <= ours_d <= theirs_d, (ours_d, theirs_d)
     # engine busy is the EngineCore's loop finishing the step it was in: the scheduler
     # takes the request at the first step boundary after the input thread had it. Checked
     # against each engine's own step records (another thread's stamps): a request whose
