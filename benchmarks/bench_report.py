@@ -16,7 +16,10 @@ The run is built half from real traces replayed and half from synthetic ones:
 Each measured command runs as its own process (`tracedpush report ... --format table`),
 so its wall and CPU time (`wait4`) and peak RSS (its processes' own peaks added, and
 the peak of their summed RSS, sampled) are its own: ``cold`` (no index: reads every
-span and builds the index), ``warm`` (index present, nothing new), ``warm+0.1%`` (0.1%
+span and builds the index; with its build's timeline, ``timeline_s``: when the workers
+had read and stored, the parent estimated the offsets alone, joined the engine steps
+while the workers analysed, had every row, and the build ended, then the save and the
+report to the command's ``end``), ``warm`` (index present, nothing new), ``warm+0.1%`` (0.1%
 more requests appended first), and with ``--baseline`` today's ``--no-index`` path. Then,
 in this process, one `AnalysisIndex` follows appends of 0.01%, 0.1% and 1% more requests
 (a Live refresh: its cost should follow the new spans, not the run), and another one
@@ -203,6 +206,8 @@ for line in open("/proc/self/status"):
 print("workers", *index_build.WORKER_PEAK_KB, file=sys.stderr)
 for times in index_build.WORKER_CPU:
     print("worker_cpu", *times, file=sys.stderr)
+for stretch, at in getattr(index_build, "BUILD_TIMES", {}).items():  # older code: none
+    print("build_time", stretch, at, file=sys.stderr)
 sys.exit(rc)
 """
 
@@ -278,7 +283,7 @@ def _report(directory: Path, *extra: str) -> dict[str, Any]:
 def measure(cmd: list[str]) -> dict[str, Any]:
     """Wall time, CPU time and peak RSS of `cmd`, a Python process running `_REPORT`
     (or a script that prints the same ``VmHWM`` / ``workers`` lines on stderr)."""
-    t0 = time.perf_counter()
+    t0, t0_unix = time.perf_counter(), time.time()
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     together = _TreeMemory(p.pid)
     _, status, usage = os.wait4(p.pid, 0)
@@ -294,6 +299,13 @@ def measure(cmd: list[str]) -> dict[str, Any]:
     phases = [
         [round(float(x), 2) for x in ln.split()[1:]] for ln in lines if ln.startswith("worker_cpu")
     ]
+    # a build's timeline (index_build.BUILD_TIMES): s from this command's start as each of
+    # its stretches ended; then the save and the report, to the command's end
+    timeline = {
+        ln.split()[1]: round(float(ln.split()[2]) - t0_unix, 2)
+        for ln in lines
+        if ln.startswith("build_time ")
+    }
     return {
         "wall_s": round(wall, 2),
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),  # this process and its workers
@@ -305,6 +317,7 @@ def measure(cmd: list[str]) -> dict[str, Any]:
         **(
             {"worker_cpu_s": [dict(zip(_PHASES, p, strict=True)) for p in phases]} if phases else {}
         ),
+        **({"timeline_s": {**timeline, "end": round(wall, 2)}} if timeline else {}),
     }
 
 

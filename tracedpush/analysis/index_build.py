@@ -96,6 +96,13 @@ _REPORT_EVERY = 256  # traces between two looks at the clock (at each: 0.1 s a w
 WORKER_PEAK_KB: list[int] = []  # the last build's workers' peak RSS (benchmarks read it)
 # and their CPU seconds: (read, store spans and facts, analyse)
 WORKER_CPU: list[tuple[float, float, float]] = []
+# and its timeline: Unix time at its start and as each of its stretches ended (`TIMELINE`,
+# in order: the workers read and stored; the parent estimated the offsets, alone; the
+# parent joined the engine steps while the workers analysed; every worker's rows were in
+# their slots; the build's own state was kept). What follows (the save, the report) is
+# the caller's.
+BUILD_TIMES: dict[str, float] = {}
+TIMELINE = ("start", "read_store", "offsets", "steps", "analysed", "built")
 _TID_PREFIX = b'{"traceId":"'
 # a span that starts with a plain lowercase hex trace id (its shard is read off it)
 _PLAIN_TID = re.compile(rb'\{"traceId":"([0-9a-f]{32})"')
@@ -561,6 +568,8 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
     assert state is not None
     if workers != SHARDS:  # a worker writes one span database
         return False
+    BUILD_TIMES.clear()
+    BUILD_TIMES["start"] = time.time()
     ctx = multiprocessing.get_context("fork")
     ends: list[tuple[Path, int]] = []
     pending: dict[Path, bytes] = {}
@@ -598,6 +607,7 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
                     tally.heard(c, got)
                 else:
                     phase1[waiting.pop(c)] = got[1:]  # type: ignore[call-overload]
+        BUILD_TIMES["read_store"] = time.time()
         tally.stage(OFFSETS)
         keys = {tuple(k[1][0]) for k in phase1}
         if len(keys) != 1:
@@ -624,6 +634,7 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         blob = pickle.dumps(off)
         for c in pipes:
             c.send_bytes(blob)
+        BUILD_TIMES["offsets"] = time.time()
         # while the workers analyse: the engine steps, from every worker's parsed parts
         # in first-seen order (as the sequential path reads them), placed with the
         # offsets; then the workers split their requests' TPOT over them
@@ -644,6 +655,7 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         for c in pipes:
             c.send_bytes(blob)
         del blob
+        BUILD_TIMES["steps"] = time.time()
         WORKER_PEAK_KB.clear()
         WORKER_CPU.clear()
         for c in pipes:
@@ -657,8 +669,10 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
                 k.row = row
                 k.offsets = tuple(off[i] for i in k.facts.res)
                 k.tpot = tpots[tid]
+        BUILD_TIMES["analysed"] = time.time()
         state.tpot_key = tpot_key
         idx._built(off)
+        BUILD_TIMES["built"] = time.time()
     except BaseException:  # the others would read on for nothing (and orphan a ^C)
         stopping = True
         for p in procs:
