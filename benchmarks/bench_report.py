@@ -18,8 +18,9 @@ so its wall and CPU time (`wait4`) and peak RSS (its processes' own peaks added,
 the peak of their summed RSS, sampled) are its own: ``cold`` (no index: reads every
 span and builds the index; with its build's timeline, ``timeline_s``: when the workers
 had read and stored, the parent estimated the offsets alone, joined the engine steps
-while the workers analysed, had every row, and the build ended, then the save and the
-report to the command's ``end``), ``warm`` (index present, nothing new), ``warm+0.1%`` (0.1%
+while the workers analysed (``workers_analysed``: when the later one was ready for those
+steps), had every row, and the build ended, then the save and the report to the
+command's ``end``), ``warm`` (index present, nothing new), ``warm+0.1%`` (0.1%
 more requests appended first), and with ``--baseline`` today's ``--no-index`` path. Then,
 in this process, one `AnalysisIndex` follows appends of 0.01%, 0.1% and 1% more requests
 (a Live refresh: its cost should follow the new spans, not the run), and another one

@@ -30,11 +30,11 @@ def test_timeline_is_seconds_from_the_command_start() -> None:
     script = _PRINTS.format(stretches=index_build.TIMELINE)
     got = bench_report.measure([sys.executable, "-c", script])
     timeline = got["timeline_s"]
-    assert list(timeline) == [*index_build.TIMELINE, "end"]
+    assert list(timeline) == [*index_build.TIMELINE, "end"]  # as printed
     times = list(timeline.values())
-    assert times == sorted(times)
+    assert times == sorted(times)  # the stand-in printed them in order
     assert 0 <= timeline["start"] < 5  # from this command's start, not the epoch
-    assert timeline["built"] - timeline["start"] == pytest.approx(0.5, abs=0.02)
+    assert timeline["built"] - timeline["start"] == pytest.approx(0.6, abs=0.02)
     assert timeline["end"] == got["wall_s"] and timeline["end"] >= timeline["start"] + 0.7
 
 

@@ -96,13 +96,14 @@ _REPORT_EVERY = 256  # traces between two looks at the clock (at each: 0.1 s a w
 WORKER_PEAK_KB: list[int] = []  # the last build's workers' peak RSS (benchmarks read it)
 # and their CPU seconds: (read, store spans and facts, analyse)
 WORKER_CPU: list[tuple[float, float, float]] = []
-# and its timeline: Unix time at its start and as each of its stretches ended (`TIMELINE`,
-# in order: the workers read and stored; the parent estimated the offsets, alone; the
-# parent joined the engine steps while the workers analysed; every worker's rows were in
-# their slots; the build's own state was kept). What follows (the save, the report) is
-# the caller's.
+# and its timeline: Unix time at its start and as each of its stretches ended (`TIMELINE`:
+# the workers read and stored; the parent estimated the offsets, alone; the parent joined
+# the engine steps while the workers analysed (`workers_analysed`: the later of the two
+# ready to split TPOT, which needs those steps: before `steps`, they waited); every
+# worker's rows were in their slots; the build's own state was kept). What follows (the
+# save, the report) is the caller's.
 BUILD_TIMES: dict[str, float] = {}
-TIMELINE = ("start", "read_store", "offsets", "steps", "analysed", "built")
+TIMELINE = ("start", "read_store", "offsets", "steps", "workers_analysed", "analysed", "built")
 _TID_PREFIX = b'{"traceId":"'
 # a span that starts with a plain lowercase hex trace id (its shard is read off it)
 _PLAIN_TID = re.compile(rb'\{"traceId":"([0-9a-f]{32})"')
@@ -511,13 +512,14 @@ def _run_worker(
             rows[tid] = row_of(idx._analysed(tid, spans, off, res_ix))
             if done % _REPORT_EVERY == 0 or done == total:
                 report(ANALYSE, done, total, last=done == total)
-        # the parent joined the engine steps meanwhile
+        # the parent joined the engine steps meanwhile (a worker that gets here first waits)
+        analysed_at = time.time()
         steps = pickle.loads(conn.recv_bytes())  # always read: the parent always sends
         tpots = split_tpot(((t, row, facts[t]) for t, row in rows.items()), off, lambda: steps)
         cpu.append(time.process_time())
         times = (cpu[1] - cpu[0], cpu[2] - cpu[1], cpu[4] - cpu[3])
         # rows and breakdowns are plain tuples, dicts and numbers: `marshal`, as the facts
-        reply = (marshal.dumps(rows), marshal.dumps(tpots), _peak_kb(), times)
+        reply = (marshal.dumps(rows), marshal.dumps(tpots), _peak_kb(), times, analysed_at)
         conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
     except (KeyboardInterrupt, SystemExit):  # stopped (^C; SIGTERM in the console's
         raise  # child): no last word, which could block on a pipe nobody reads any more
@@ -659,7 +661,10 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         WORKER_PEAK_KB.clear()
         WORKER_CPU.clear()
         for c in pipes:
-            rows_blob, tpots_blob, peak, times = listener.reply(c)
+            rows_blob, tpots_blob, peak, times, analysed_at = listener.reply(c)
+            BUILD_TIMES["workers_analysed"] = max(
+                analysed_at, BUILD_TIMES.get("workers_analysed", 0.0)
+            )
             rows, tpots = marshal.loads(rows_blob), marshal.loads(tpots_blob)
             del rows_blob, tpots_blob
             WORKER_PEAK_KB.append(peak)
