@@ -12,7 +12,9 @@ queue wait + prefill compute must be at most that, and within 5% of it (engine b
 the rest of the old engine input, after the EngineCore's own receipt). On D, vLLM's
 queue time (QUEUED -> first SCHEDULED, after the KV arrived) must equal our
 `scheduler_received` -> `decode` end within 5%, and D's engine input + engine busy + that
-queue time + vLLM's prefill time on D must be at most D's TTFT, within 5%. Engine busy is
+queue time + vLLM's prefill time on D must be at most D's TTFT, within 5% or 10 ms a
+request (the token's way back), and D's TTFT at most D's arrival -> the token at the
+proxy. Engine busy is
 checked against each engine's own step records: every request is taken at the first
 step boundary after `core_received`. Then the account of where the TTFT difference
 between the modes goes must leave less than 1% of it unattributed.
@@ -40,6 +42,7 @@ CONCURRENCY = 8
 N_REQUESTS = 24
 LENGTHS = [256, 512, 1024]
 TOLERANCE = 0.05
+WAY_BACK_MS = 10.0  # a token's way from the EngineCore to its API server, at most (mean)
 
 QUEUE = "vllm:request_queue_time_seconds"
 PREFILL = "vllm:request_prefill_time_seconds"
@@ -127,6 +130,20 @@ def _d_queued(store: TraceStore, run: RunAnalysis) -> tuple[float, int]:
                 total += span.end_ns - sched
                 n += 1
     return total / 1e6, n
+
+
+def _d_to_proxy_token(store: TraceStore, run: RunAnalysis) -> float:
+    """D's `vllm_arrival` -> the first token reaching the proxy (`proxy.decode`'s
+    `first_token`), summed over the run's requests (ms): one host, one clock. vLLM's TTFT
+    on D ends before that, as D's API server has the token and before it sends it."""
+    total = 0
+    for r in run.requests:
+        spans = {s.name: s for s in store.spans(r.trace_id)}
+        arrival = spans[sc.SPAN_DECODE].event_ns(sc.EVENT_VLLM_ARRIVAL)
+        token = spans[sc.SPAN_PROXY_DECODE].event_ns(sc.EVENT_FIRST_TOKEN)
+        assert arrival is not None and token is not None, r.trace_id
+        total += token - arrival
+    return total / 1e6
 
 
 def _total(run: RunAnalysis, engine: str, phase: str) -> tuple[float, int]:
@@ -225,15 +242,23 @@ def test_engine_phases_agree_with_vllm_under_load(
     # vLLM's TTFT on D runs from D's arrival_time: engine input + engine busy on D (to
     # QUEUED), that queue time, D's prefill time (SCHEDULED -> its first token: D's first
     # forward, which no span of ours covers: vLLM's figure here) and the token's way back
+    # to D's API server (an IPC hop and output processing: 3.5-5 ms a request here, on
+    # both engines), so it lies between that sum and the token reaching the proxy. The
+    # way back is allowed 5% of it, or WAY_BACK_MS a request: in pull D's TTFT is about
+    # 80 ms a request here, and 5% of it is less than the hop.
     assert int(delta["d_ttft_count"]) == int(delta["d_prefill_count"]) == N_REQUESTS
     ours_d = input_ms["decode"] + busy_ms["decode"] + d_queue_ms + delta["d_prefill_sum"] * 1e3
     theirs_d = delta["d_ttft_sum"] * 1e3
+    at_proxy = _d_to_proxy_token(store, run)
     print(
         f"\n{mode}: D's scheduler_received -> decode end {d_queue_ms:.0f} ms (vLLM's queue "
-        f"time on D {delta['d_queue_sum'] * 1e3:.0f}); D's arrival -> first token {ours_d:.0f}"
-        f" ms, vLLM's TTFT on D {theirs_d:.0f} ms ({ours_d / theirs_d:.3f})"
+        f"time on D {delta['d_queue_sum'] * 1e3:.0f}; our queue wait on D "
+        f"{_total(run, 'decode', phases.QUEUE_WAIT)[0]:.0f}); D's arrival -> first token "
+        f"{ours_d:.0f} ms, vLLM's TTFT on D {theirs_d:.0f} ms ({ours_d / theirs_d:.3f}), "
+        f"D's arrival -> the token at the proxy {at_proxy:.0f} ms"
     )
-    assert (1 - TOLERANCE) * theirs_d <= ours_d <= theirs_d, (ours_d, theirs_d)
+    assert ours_d <= theirs_d <= at_proxy, (ours_d, theirs_d, at_proxy)
+    assert theirs_d - ours_d <= max(TOLERANCE * theirs_d, WAY_BACK_MS * N_REQUESTS)
     # engine busy is the EngineCore's loop finishing the step it was in: the scheduler
     # takes the request at the first step boundary after the input thread had it. Checked
     # against each engine's own step records (another thread's stamps): a request whose
