@@ -98,8 +98,8 @@ WORKER_PEAK_KB: list[int] = []  # the last build's workers' peak RSS (benchmarks
 WORKER_CPU: list[tuple[float, float, float]] = []
 # and its timeline: Unix time at its start and as each of its stretches ended (`TIMELINE`:
 # the workers read and stored; the parent estimated the offsets, alone; the parent joined
-# the engine steps while the workers analysed (`workers_analysed`: the later of the two
-# ready to split TPOT, which needs those steps: before `steps`, they waited); every
+# the engine steps while the workers analysed (`workers_analysed`: when the later of the
+# two was ready to split TPOT, which needs those steps; if before `steps`, it waited); every
 # worker's rows were in their slots; the build's own state was kept). What follows (the
 # save, the report) is the caller's.
 BUILD_TIMES: dict[str, float] = {}
