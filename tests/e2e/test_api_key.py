@@ -13,11 +13,13 @@ is refused by the engines, and the proxy relays that. The benchmark clients send
 ``OPENAI_API_KEY`` as vLLM's does.
 
 The probe pins a KV block on P until its lease expires (docs/proxy.md, "Probe cost"), and
-vLLM's drain waits for it. The deployment stops within that lease: P's drain lasts
+vLLM's drain waits for it. The deployment stops within such a lease: P's drain lasts
 through it (the launcher gives a prefill engine its lease and 5 s as --shutdown-timeout),
 so P still flushes its last spans and final export record. The lease, `LEASE_S`, outlasts
 the 10 s drain P had before, which ended in a kill that lost them (docs/launcher.md,
-"Stopping").
+"Stopping"). The test probes P once more just before the stop, so the drain has a whole
+lease to last through however long the workload took (on a slow CI machine the proxy's
+own probe was 14 s old by the stop, and a drain of 6 s tested nothing).
 
 It runs before the shared deployments start (no `pd` marker), on its own ports, under
 the session's engines lock.
@@ -25,6 +27,7 @@ the session's engines lock.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -32,6 +35,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from tracedpush import semconv as sc
@@ -39,11 +43,15 @@ from tracedpush.analysis import TraceStore, analyze, phases
 from tracedpush.bench.workload import PromptMaker, run_workload
 from tracedpush.launcher import Deployment
 from tracedpush.launcher.processes import session_members
+from tracedpush.proxy.coords import probe
 from tracedpush.testing.unpinned import check_flushed, push_config
 
 KEY = "tp-e2e-key"
 P_ONLY_KEY = "tp-e2e-prefill-only"  # P's first key: a proxy that sent it would get D's 401
 LEASE_S = 20  # P's kv_lease_duration (vLLM's default is 30 s), over the old 10 s drain
+# vLLM's log lines: a pinned block expiring, and the engine's drain starting
+_EXPIRED = "Releasing expired KV blocks for request cmpl-tp-probe-"
+_DRAIN = "[shutdown] EngineCore: start mode=drain"
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -60,6 +68,16 @@ def _status(url: str, body: dict | None = None, key: str | None = None) -> int:
             return resp.status
     except urllib.error.HTTPError as err:
         return err.code
+
+
+def _pin_a_block(prefill_url: str) -> None:
+    """Pin a KV block on P for a whole lease, as the proxy's probe does (its own code)."""
+
+    async def run() -> None:
+        async with aiohttp.ClientSession() as session:
+            await probe(session, prefill_url, 60, {"Authorization": f"Bearer {KEY}"})
+
+    asyncio.run(run())
 
 
 def _cmdline(pid: int) -> str:
@@ -84,7 +102,6 @@ def test_the_proxy_sends_the_engines_key_and_clients_keys_pass_through(
     prompts = PromptMaker(config.model, seed=3).mix([128, 512], 3)
     said: list[str] = []
     with Deployment(config, log=lambda m: (said.append(m), print(m, file=sys.stderr))) as d:
-        ready = time.monotonic()  # the probe went out as the proxy started
         # D's one key is in its environment, on no command line any user of the host can
         # read (D checks it: below); P's two keys stay on P's, and the launcher says so
         decode = next(p for p in d.processes if p.name == "decode")
@@ -97,13 +114,20 @@ def test_the_proxy_sends_the_engines_key_and_clients_keys_pass_through(
         assert _status(f"{d.proxy_url}/v1/models", key=KEY) == 200  # relayed with the key
         monkeypatch.setenv("OPENAI_API_KEY", KEY)
         results = run_workload(d.proxy_url, prompts, 2, 8, model=d.model_name)
-        stopped_at = time.monotonic()  # within the probe's lease: P drains through it
-    assert stopped_at < ready + LEASE_S - 10, "the stop came too late to test the drain"
+        pinned_at = time.monotonic()
+        _pin_a_block(d.prefill_url)
+        stopped_at = time.monotonic()  # within that lease: P drains through it
+    assert stopped_at < pinned_at + LEASE_S - 10, "the stop came too late to test the drain"
     assert d.teardown is not None and d.teardown.killed == [], d.teardown
     assert all(r.ok for r in results), [r.to_dict() for r in results if not r.ok]
     logs = {p.name: p.read_text(errors="replace") for p in config.run_dir.glob("*.log")}
     leaks = [n for n, text in logs.items() if KEY in text or P_ONLY_KEY in text]
     assert "prefill.log" in logs and not leaks, (leaks, logs.keys())
+    # both pins (the proxy's and ours) expired, ours while P drained
+    prefill_lines = logs["prefill.log"].splitlines()
+    expired = [i for i, line in enumerate(prefill_lines) if _EXPIRED in line]
+    drain = next(i for i, line in enumerate(prefill_lines) if _DRAIN in line)
+    assert len(expired) == 2 and expired[-1] > drain, (expired, drain)
     proxy_log = logs["proxy.log"]
     assert "coordinates from its probe" in proxy_log, proxy_log[-2000:]
     store = TraceStore.from_path(config.traces_dir)
