@@ -176,6 +176,8 @@ THREAD_PROCESS: Final = "tracedpush.thread.process"  # str[]: api_server|engine_
 THREAD_NAME: Final = "tracedpush.thread.name"  # str[]: Python thread name, else OS comm
 THREAD_ROLE: Final = "tracedpush.thread.role"  # str[]: see THREAD_ROLES
 THREAD_CPU_MS: Final = "tracedpush.thread.cpu_ms"  # float[]: utime+stime since thread start
+# float[]: runnable without a CPU since thread start (schedstat run delay); -1: not known
+THREAD_CPU_WAIT_MS: Final = "tracedpush.thread.cpu_wait_ms"
 THREAD_CORE: Final = "tracedpush.thread.core"  # int[]: core it last ran on (at the sample)
 THREAD_AFFINITY: Final = "tracedpush.thread.affinity"  # str[]: Cpus_allowed_list
 # cumulative events this process's hooks recorded (their cost is events x per-event cost)

@@ -14,7 +14,8 @@ queue time (QUEUED -> first SCHEDULED, after the KV arrived) must equal our
 `scheduler_received` -> `decode` end within 5%, and D's engine input + engine busy + that
 queue time + vLLM's prefill time on D must be at most D's TTFT, within 5% or 10 ms a
 request (the token's way back), and D's TTFT at most D's arrival -> the token at the
-proxy. Engine busy is
+proxy. Each engine main thread's sampled wait for a CPU agrees with the kernel's
+counter, read while the engines run. Engine busy is
 checked against each engine's own step records: every request is taken at the first
 step boundary after `core_received`. Then the account of where the TTFT difference
 between the modes goes must leave less than 1% of it unattributed.
@@ -48,6 +49,7 @@ QUEUE = "vllm:request_queue_time_seconds"
 PREFILL = "vllm:request_prefill_time_seconds"
 XFER = "vllm:nixl_xfer_time_seconds"
 TTFT = "vllm:time_to_first_token_seconds"  # each engine: its arrival_time -> first token out
+MAIN_ROLES = ("api_server", "engine_core", "model_runner")  # each engine's main threads
 
 pytestmark = pytest.mark.timeout(2400)
 
@@ -144,6 +146,30 @@ def _d_to_proxy_token(store: TraceStore, run: RunAnalysis) -> float:
         assert arrival is not None and token is not None, r.trace_id
         total += token - arrival
     return total / 1e6
+
+
+def _waits_agree_with_the_kernel(run: RunAnalysis) -> None:
+    """Each engine main thread's last sampled wait for a CPU (`cpu_wait_ms`, cumulative)
+    against the kernel's own counter read now, the engines still up: at least that, and
+    grown since by no more than the time since (a wait cannot outrun the clock)."""
+    last: dict[tuple[int, int], tuple[int, float, str]] = {}
+    for smp in run.engine_steps.samples:
+        if smp.cpu_wait_ms is None:
+            continue
+        for i, tid in enumerate(smp.tids):
+            key = (smp.pids[i], tid)
+            if smp.thread_roles[i] in MAIN_ROLES and smp.time_ns > last.get(key, (0,))[0]:
+                last[key] = (smp.time_ns, smp.cpu_wait_ms[i], smp.thread_roles[i])
+    assert {role for _t, _w, role in last.values()} == set(MAIN_ROLES), last
+    for (pid, tid), (at_ns, ours_ms, role) in last.items():
+        path = Path(f"/proc/{pid}/task/{tid}/schedstat")
+        now_ns = time.time_ns()
+        kernel_ms = int(path.read_text().split()[1]) / 1e6
+        grown_ms = kernel_ms - ours_ms
+        assert 0 <= grown_ms <= (now_ns - at_ns) / 1e6 + 1, (role, pid, ours_ms, kernel_ms)
+    print("\nwaits for a CPU (ms, cumulative at the last sample): " + ", ".join(
+        f"{role} {w:.0f}" for _t, w, role in sorted(last.values(), key=lambda v: v[2])
+    ))  # fmt: skip
 
 
 def _total(run: RunAnalysis, engine: str, phase: str) -> tuple[float, int]:
@@ -284,6 +310,7 @@ def test_engine_phases_agree_with_vllm_under_load(
     found = run.contention()
     assert found, "no engine.threads samples"
     assert not [f.text for f in found.findings if f.kind == "cross_engine"]
+    _waits_agree_with_the_kernel(run)
     # `network` runs from the proxy's bytes leaving (request_sent) to their arrival in the
     # engine's socket (the kernel's receive stamp), on one clock (one host): transport
     # only. Issue 8's target on loopback is a p50 of at most 2 ms. Without the kernel stamp

@@ -109,3 +109,54 @@ def test_contention_folds_only_the_samples_since_the_last(unpinned, monkeypatch)
     folded.clear()
     assert contention(grown).to_json() == contention([*every, late]).to_json()
     assert folded == [len(every) + 1, len(every) + 1]  # made again from every sample
+
+
+def test_a_thread_that_waited_for_a_cpu_is_named_with_its_wait(unpinned, pinned) -> None:
+    """The synthetic unpinned D's EngineCore spends half its time on P's busy core and
+    waits there (a rule: 0.6 ms per ms of CPU); pinned, every thread waits 0.02 ms per
+    ms, under `WAIT_SHARE`: nothing is named."""
+    from tracedpush.analysis.contention import WAIT_SHARE
+
+    c = unpinned.contention()
+    waits = [f for f in c.findings if f.kind == "cpu_wait"]
+    assert [f.engine_id for f in waits] == [synthetic.DECODE_INSTANCE], [f.text for f in waits]
+    (core,) = [t for t in c.threads if t.engine_role == "decode" and t.role == "engine_core"]
+    assert core.wait_known and core.cpu_wait_ms == pytest.approx(0.6 * core.cpu_ms, rel=0.01)
+    assert core.wait_share() == pytest.approx(0.6 / 1.6, rel=0.01)
+    f = waits[0]
+    assert f.cpu_ms == pytest.approx(core.cpu_wait_ms)
+    assert f"decode engine_core (pid {core.pid}) {core.cpu_wait_ms / 1000.0:.2f} s" in f.text
+    assert "38% of the time it was runnable" in f.text
+    assert f.details["waits"][0]["tid"] == core.tid
+    assert c.findings.index(f) > c.findings.index(
+        next(x for x in c.findings if x.kind == "cross_engine")
+    )
+    js = run_json(unpinned)["contention"]
+    row = next(t for t in js["threads"] if t["tid"] == core.tid and t["pid"] == core.pid)
+    assert row["cpu_wait_s"] == pytest.approx(core.cpu_wait_ms / 1000.0, abs=1e-4)
+    assert f.text in render(unpinned) and "wait s" in render(unpinned)
+    quiet = pinned.contention()
+    assert not [f for f in quiet.findings if f.kind == "cpu_wait"]
+    assert all(t.wait_share() < WAIT_SHARE for t in quiet.threads if t.wait_known)
+
+
+def test_a_wait_is_a_difference_of_known_samples_only() -> None:
+    """Cumulative waits are differenced like CPU; a sample without one (-1: not known
+    there) or traces from before the attribute (no waits at all) add nothing, and the
+    thread's JSON says `null`, not 0."""
+    from tracedpush.analysis.contention import thread_usage
+    from tracedpush.analysis.steps import ThreadSample
+
+    def smp(t: int, cpu: float, wait: float | None) -> ThreadSample:
+        return ThreadSample(
+            "d", "decode", "vm", "scheduler", "7", t, (7,), (7,), ("api_server",),
+            ("python",), ("api_server",), (cpu,), (1,), ("1",),
+            cpu_wait_ms=None if wait is None else (wait,),
+        )  # fmt: skip
+
+    (t,) = thread_usage([smp(1, 10, 5), smp(2, 20, 25), smp(3, 30, -1), smp(4, 40, 90)])
+    assert t.wait_known and t.cpu_wait_ms == 20.0  # 5 -> 25; unknown at 3 breaks 25 -> 90
+    (t,) = thread_usage([smp(4, 40, 90), smp(5, 50, 100)])
+    assert t.cpu_wait_ms == 10.0
+    (old,) = thread_usage([smp(1, 10, None), smp(2, 20, None)])
+    assert not old.wait_known and old.to_json()["cpu_wait_s"] is None

@@ -139,3 +139,47 @@ def test_the_index_digest_is_of_the_result_modules() -> None:
     salt = f"{sys.version_info[:2]} {marshal.version}"
     assert index_mod._code_digest() == code_digest.semantic(sources, salt)
     assert index_mod._code_digest() in index_mod.format_key()[1]
+
+
+def test_every_class_an_index_keeps_is_from_a_result_module(tmp_path: Path) -> None:
+    """An index keeps pickled objects (the steps, their summary and contention, the skew
+    evidence, ...). One kept by other code must not be read back: the classes' modules
+    must all be among the digested ones, or an edit to one (a field added) leaves old
+    objects without it in every index (`contention` was missing, and its objects kept)."""
+    import io
+    import pickle
+    import sqlite3
+    from contextlib import closing
+
+    from tracedpush.analysis import TraceStore, analyze
+    from tracedpush.testing import synthetic
+
+    gen = synthetic.generate(40, seed=3, modes=("push",))
+    traces = tmp_path / "traces"
+    gen.write(traces)
+    idx = index_mod.AnalysisIndex([traces])
+    run = idx.update()
+    run.contention()  # the derived results are made and kept as a report reads them
+    run.engine_steps.summary()
+    idx.close()
+    assert analyze(TraceStore.from_path(traces), spans=False).contention()
+
+    used: set[str] = set()
+
+    class Recorder(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> object:
+            used.add(module)
+            return super().find_class(module, name)
+
+    blobs = [f.read_bytes() for f in idx.dir.glob("*.pickle")]
+    with closing(sqlite3.connect(idx.dir / "index.sqlite")) as db:
+        blobs += [v for (v,) in db.execute("SELECT v FROM meta") if isinstance(v, bytes)]
+    for blob in blobs:
+        try:
+            Recorder(io.BytesIO(blob)).load()
+        except pickle.UnpicklingError:
+            continue  # not a pickle (a marshal blob: plain values only)
+    ours = {m for m in used if m.startswith("tracedpush")}
+    digested = {f"tracedpush.analysis.{m}" for m in index_mod._RESULT_MODULES}
+    assert "tracedpush.analysis.contention" in ours  # the kept contention was read
+    assert ours <= digested | {"tracedpush.semconv"}, sorted(ours - digested)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -176,6 +177,9 @@ def test_thread_sample_reads_this_process_from_proc():
     assert cores <= set(range(os.cpu_count() or 1))
     mine = a[semconv.THREAD_TID].index(me)
     assert a[semconv.THREAD_CPU_MS][mine] > 0  # pytest's main thread has used CPU
+    if Path("/proc/self/schedstat").exists():  # each thread's wait for a CPU, as the kernel's
+        waits = a[semconv.THREAD_CPU_WAIT_MS]
+        assert len(waits) == n and all(w >= 0 for w in waits), waits
     assert a[semconv.THREAD_AFFINITY][mine]
     # the second sample lists only threads that used CPU since the first: not the
     # spinner, which only waited

@@ -13,12 +13,18 @@ Findings, in words:
   used 9.0 s of CPU");
 * within an engine: push writer, NIXL/UCX, tracedpush and other helper threads that used
   CPU on the model runner's core, and the engine's own EngineCore / API server on it;
+* waiting for a CPU: threads on a request's way through an engine (API server,
+  EngineCore, model runner, push writer) that were runnable without a CPU for a share
+  of the time they wanted one ("decode api_server (pid 123) waited 4.1 s for a CPU, 31%
+  of the time it was runnable"), from the kernel's run delay (``cpu_wait_ms``): where a
+  thread ran says who shared a core, its wait says whom that cost;
 * tracedpush's own cost: CPU of threads with role ``tracedpush`` over the engine
   processes' total CPU (plus hook time, events x per-event cost, when that cost is given).
 
 Limits: a sample says where a thread was at the sample, not where it ran in between, so
 core shares are samples, not time; with about one sample a second, a short burst on a
-foreign core can be missed or over-counted. CPU time, being cumulative, is exact.
+foreign core can be missed or over-counted. CPU time and the wait for a CPU, being
+cumulative, are exact between a thread's first and last sample.
 """
 
 from __future__ import annotations
@@ -33,6 +39,11 @@ BUSY_MIN_MS = 50.0  # a thread using less CPU than this over the run is not "bus
 COMPUTE_CORE_SHARE = 0.2  # a core carries >= this share of a model runner's CPU: its core
 FOREIGN_SHARE = 0.1  # a thread with >= this share of its CPU on another engine's cores
 HELPER_MIN_SHARE = 0.01  # helpers' CPU on the model runner's core worth reporting
+WAIT_MIN_MS = 100.0  # a thread waiting less than this for a CPU over the run is not named
+WAIT_SHARE = 0.1  # ... nor one waiting less than this share of its runnable time
+# threads a request waits on as it passes through an engine, in the order it meets them
+PATH_ROLES = ("api_server", "engine_core", "model_runner", "push_writer")
+KINDS = ("cross_engine", "within_engine", "cpu_wait")  # findings' kinds, in the report's order
 
 
 @dataclass(slots=True)
@@ -54,7 +65,10 @@ class ThreadUsage:
     busy_core_samples: dict[int, int] = field(default_factory=dict)  # core -> busy samples
     cpu_by_core_ms: dict[int, float] = field(default_factory=dict)  # CPU charged per core
     affinity: str = ""
+    cpu_wait_ms: float = 0.0  # runnable without a CPU over the run (schedstat run delay)
+    wait_known: bool = False  # two samples of it carried the wait (else cpu_wait_ms says 0)
     _last_cpu: float | None = None
+    _last_wait: float | None = None
 
     @property
     def label(self) -> str:
@@ -71,6 +85,11 @@ class ThreadUsage:
     def busy_core_share(self) -> dict[int, float]:
         n = sum(self.busy_core_samples.values())
         return {c: k / n for c, k in sorted(self.busy_core_samples.items())} if n else {}
+
+    def wait_share(self) -> float:
+        """The share of its runnable time (on a CPU or waiting for one) spent waiting."""
+        total = self.cpu_ms + self.cpu_wait_ms
+        return self.cpu_wait_ms / total if total > 0 else 0.0
 
     def cpu_share_on(self, cores: Iterable[int]) -> float:
         total = sum(self.cpu_by_core_ms.values())
@@ -89,6 +108,7 @@ class ThreadUsage:
             "name": self.name,
             "role": self.role,
             "cpu_s": round(self.cpu_ms / 1000.0, 4),
+            "cpu_wait_s": round(self.cpu_wait_ms / 1000.0, 4) if self.wait_known else None,
             "samples": self.samples,
             "busy_samples": self.busy_samples,
             "core_share": {str(c): round(v, 4) for c, v in self.core_share().items()},
@@ -128,11 +148,11 @@ class ProcessUsage:
 
 @dataclass(slots=True)
 class Finding:
-    kind: str  # "cross_engine" | "within_engine"
+    kind: str  # KINDS
     text: str
     engine_id: str  # the engine whose model runner is contended
     host: str
-    cpu_ms: float  # CPU the intruders used on the contended cores
+    cpu_ms: float  # CPU the intruders used on the contended cores (cpu_wait: the waits)
     details: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -275,6 +295,14 @@ class UsageFold:
                         t.busy_core_samples[core] = t.busy_core_samples.get(core, 0) + 1
                         t.cpu_by_core_ms[core] = t.cpu_by_core_ms.get(core, 0.0) + d
                 t._last_cpu = cpu
+                wait = smp.cpu_wait_ms[i] if smp.cpu_wait_ms is not None else -1.0
+                if wait < 0:
+                    t._last_wait = None  # not known here: no difference across it
+                    continue
+                if t._last_wait is not None:
+                    t.cpu_wait_ms += max(wait - t._last_wait, 0.0)
+                    t.wait_known = True
+                t._last_wait = wait
         return self
 
     def extended(self, samples: Sequence[ThreadSample]) -> UsageFold | None:
@@ -364,6 +392,56 @@ def _helper_group(t: ThreadUsage) -> str | None:
         if match(t):
             return name
     return "other threads"
+
+
+def _waits(
+    by_engine: dict[str, list[ThreadUsage]], role_of: dict[str, str], host_of: dict[str, str]
+) -> list[Finding]:
+    """Per engine, its request-path threads that waited for a CPU (`WAIT_MIN_MS` and
+    `WAIT_SHARE` both), longest wait first; `cpu_ms` of the finding is the waits' sum."""
+    out: list[Finding] = []
+    for e, ts in sorted(by_engine.items()):
+        waited = [
+            t
+            for t in ts
+            if t.wait_known
+            and t.role in PATH_ROLES
+            and t.cpu_wait_ms >= WAIT_MIN_MS
+            and t.wait_share() >= WAIT_SHARE
+        ]
+        if not waited:
+            continue
+        waited.sort(key=lambda t: -t.cpu_wait_ms)
+        parts = "; ".join(
+            f"{t.label} (pid {t.pid}) {t.cpu_wait_ms / 1000.0:.2f} s, "
+            f"{_pct(t.wait_share())} of the time it was runnable"
+            for t in waited
+        )
+        total = sum(t.cpu_wait_ms for t in waited)
+        out.append(
+            Finding(
+                "cpu_wait",
+                f"{role_of[e]} engine {e}: threads on the requests' way waited for a CPU: {parts}",
+                e,
+                host_of[e],
+                total,
+                {
+                    "waits": [
+                        {
+                            "pid": t.pid,
+                            "tid": t.tid,
+                            "role": t.role,
+                            "process": t.process,
+                            "cpu_wait_s": round(t.cpu_wait_ms / 1000.0, 4),
+                            "cpu_s": round(t.cpu_ms / 1000.0, 4),
+                            "wait_share": round(t.wait_share(), 4),
+                        }
+                        for t in waited
+                    ]
+                },
+            )
+        )
+    return out
 
 
 def contention(
@@ -485,7 +563,8 @@ def contention(
                     {"processes_s": {p: round(v / 1000.0, 4) for p, v in own.items()}},
                 )
             )
-    findings.sort(key=lambda f: (f.kind != "cross_engine", -f.cpu_ms))
+    findings += _waits(by_engine, role_of, host_of)
+    findings.sort(key=lambda f: (KINDS.index(f.kind), -f.cpu_ms))
 
     # ---- per process, and our own cost
     procs: dict[tuple[str, str, int], ProcessUsage] = {}

@@ -141,11 +141,13 @@ if hasattr(os, "register_at_fork"):  # not on Windows, where nothing forks
 # (`AnalysisIndex.update`): 1-2 s of one core, where all of a 200,000-request run's took
 # a minute and more
 LIVE_REANALYSE = 2_000
-# the modules whose code decides what a kept result holds (`format_key`)
+# the modules whose code decides what a kept result holds (`format_key`); `contention`
+# too: the steps' contention is kept with them (`steps_derived`), objects of its classes
 _RESULT_MODULES = (
-    "analyze", "columns", "critical_path", "export_health", "failures", "index", "index_build",
-    "index_live", "index_steps", "index_store", "load", "model", "otlp", "otlp_fast", "phases",
-    "results", "sampling", "skew", "steps", "steps_columns", "timeline", "tpot",
+    "analyze", "columns", "contention", "critical_path", "export_health", "failures", "index",
+    "index_build", "index_live", "index_steps", "index_store", "load", "model", "otlp",
+    "otlp_fast", "phases", "results", "sampling", "skew", "steps", "steps_columns", "timeline",
+    "tpot",
 )  # fmt: skip
 
 

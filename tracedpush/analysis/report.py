@@ -498,10 +498,13 @@ def _contention(run: RunAnalysis, top: int = 15) -> str:
                 t.name[:28],
                 t.role,
                 t.cpu_ms / 1000.0,
+                t.cpu_wait_ms / 1000.0 if t.wait_known else None,
                 cores,
                 t.affinity,
             ]
         )
-    h = ["engine", "process", "pid", "thread", "role", "CPU s", "cores (busy samples)", "affinity"]
+    h = ["engine", "process", "pid", "thread", "role", "CPU s", "wait s", "cores (busy samples)"]
+    h.append("affinity")
     body = "\n".join(lines) + "\n\n" + table(h, rows)
-    return _section("Contention (CPU per thread over the run, from engine.threads)", body)
+    title = "Contention (CPU per thread over the run, and its wait for one, from engine.threads)"
+    return _section(title, body)

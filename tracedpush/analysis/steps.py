@@ -177,8 +177,9 @@ class ThreadSample:
     """One OS sample (from /proc) of every thread of the processes one engine process
     samples (EngineCore samples itself and its API server; each worker itself).
 
-    Parallel tuples, one element per thread; ``cpu_ms`` is cumulative since each thread
-    started, so CPU over a window is the difference between two samples of one tid.
+    Parallel tuples, one element per thread; ``cpu_ms`` and ``cpu_wait_ms`` are cumulative
+    since each thread started, so CPU (or the wait for one) over a window is the
+    difference between two samples of one tid.
     """
 
     engine_id: str
@@ -196,6 +197,9 @@ class ThreadSample:
     cores: tuple[int, ...]  # -1 when unknown
     affinity: tuple[str, ...]
     events_recorded: int | None = None  # cumulative hook events of the sampling process
+    # cumulative ms runnable without a CPU (schedstat run delay), -1 where unknown; None
+    # when the sample has none (traces from before it, or a kernel without schedstats)
+    cpu_wait_ms: tuple[float, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.tids)
@@ -298,6 +302,7 @@ def sample_from_span(span: Span) -> ThreadSample:
     n = len(tids)
     cores = _ints(a, sc.THREAD_CORE, n)
     cpu = _floats(a, sc.THREAD_CPU_MS, n)
+    wait = _floats(a, sc.THREAD_CPU_WAIT_MS, n) if sc.THREAD_CPU_WAIT_MS in a else None
     pids = _ints(a, sc.THREAD_PID, n)
     ev = a.get(sc.EVENTS_RECORDED)
     try:
@@ -320,6 +325,7 @@ def sample_from_span(span: Span) -> ThreadSample:
         cores=tuple(-1 if c is None else c for c in cores),
         affinity=tuple(_strs(a, sc.THREAD_AFFINITY, n)),
         events_recorded=events,
+        cpu_wait_ms=None if wait is None else tuple(-1.0 if w is None else w for w in wait),
     )
 
 

@@ -118,6 +118,8 @@ class ProcessSpans:
         attrs[sc.THREAD_NAME] = [r.name for r in rows]
         attrs[sc.THREAD_ROLE] = [r.role for r in rows]
         attrs[sc.THREAD_CPU_MS] = [round(r.cpu_ms, 1) for r in rows]
+        if any(r.wait_ms >= 0 for r in rows):  # no schedstats (not Linux): no attribute
+            attrs[sc.THREAD_CPU_WAIT_MS] = [round(r.wait_ms, 1) for r in rows]
         attrs[sc.THREAD_CORE] = [r.core for r in rows]
         attrs[sc.THREAD_AFFINITY] = [r.affinity for r in rows]
         attrs[sc.EVENTS_RECORDED] = events_recorded

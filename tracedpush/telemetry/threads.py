@@ -1,10 +1,16 @@
-"""OS view of an engine's threads: CPU time, the core each last ran on, affinity.
+"""OS view of an engine's threads: CPU time, time waiting for a CPU, the core each last
+ran on, affinity.
 
 Sampled from /proc about once a second on the builder thread (never on an engine
 thread). The EngineCore process samples itself and its parent, the API server; each
 worker samples itself. Python thread names (and so roles: model runner, push writer,
 our own threads) are known only inside the sampling process; threads of other
 processes are named by their OS `comm`.
+
+The wait is the kernel's ``schedstat`` run delay: how long the thread was runnable on a
+run queue without a CPU, cumulative. CPU share alone says where a thread ran; the wait
+says whom that cost (an API server starved on a core that an engine busy-polls shows
+seconds of it, and a pinned engine nearly none).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ class ThreadRow:
     cpu_ms: float  # utime + stime since the thread started
     core: int  # the core it last ran on
     affinity: str  # e.g. "0" or "0-1"
+    wait_ms: float = -1.0  # runnable without a CPU since it started; -1: not known
 
 
 def native_thread_ids() -> set[int]:
@@ -103,6 +110,21 @@ def _read_stat(pid: int, tid: int) -> tuple[str, float, int] | None:
     return comm, cpu_ms, core
 
 
+def _read_wait(pid: int, tid: int) -> float:
+    """The thread's run delay in ms (`schedstat`'s second field), -1 where the kernel has
+    no schedstats (or the thread is gone)."""
+    try:
+        fd = os.open(f"/proc/{pid}/task/{tid}/schedstat", os.O_RDONLY)
+    except OSError:
+        return -1.0
+    try:
+        return int(os.read(fd, 128).split()[1]) / 1e6
+    except (OSError, ValueError, IndexError):
+        return -1.0
+    finally:
+        os.close(fd)
+
+
 def _role(process: str, pid: int, tid: int, name: str, python: bool, known: dict[int, str]) -> str:
     if not python and tid in known:
         return known[tid]
@@ -139,7 +161,8 @@ def sample_process(
         name = py_name or comm
         affinity = affinity_text(tid)
         role = _role(process, pid, tid, name, py_name is not None, known_roles or {})
-        rows.append(ThreadRow(pid, tid, process, name, role, cpu_ms, core, affinity))
+        wait_ms = _read_wait(pid, tid)
+        rows.append(ThreadRow(pid, tid, process, name, role, cpu_ms, core, affinity, wait_ms))
     return rows
 
 

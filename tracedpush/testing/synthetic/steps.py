@@ -357,6 +357,8 @@ class _Thread:
     cpu: float  # cumulative ms
     core: int
     affinity: str
+    wait: float = 0.0  # cumulative ms runnable without a CPU
+    wait_per_cpu: float = 0.02  # a rule: a pinned thread barely waits for its core
 
 
 def _threads(
@@ -415,6 +417,7 @@ def _emit_threads(
             for th in threads:
                 ms, core = usage(th, prev, t)
                 th.cpu += ms
+                th.wait += ms * th.wait_per_cpu
                 th.core = core
         _span(
             rng,
@@ -432,6 +435,7 @@ def _emit_threads(
                 sc.THREAD_NAME: [th.name for th in threads],
                 sc.THREAD_ROLE: [th.role for th in threads],
                 sc.THREAD_CPU_MS: [round(th.cpu, 1) for th in threads],
+                sc.THREAD_CPU_WAIT_MS: [round(th.wait, 1) for th in threads],
                 sc.THREAD_CORE: [th.core for th in threads],
                 sc.THREAD_AFFINITY: [th.affinity for th in threads],
                 sc.EVENTS_RECORDED: events(t),
@@ -573,6 +577,7 @@ def add_process_traces(
         sched, work = _threads(engine, mode, sp.pid, wp.pid, sp.pid + 50)
         if engine == "decode" and unpinned_decode:
             sched[0].affinity = f"{P_CORE}-{D_CORE}"
+            sched[0].wait_per_cpu = 0.6  # half its time on P's busy core: it waits there
         usage = usage_for(engine)
         steps = p_steps if engine == "prefill" else d_steps
         starts = sorted(s.start for s in steps)

@@ -1,0 +1,59 @@
+"""The OS view of a thread: its wait for a CPU, read as the kernel keeps it.
+
+Two real busy processes share one core, so each waits for it about half the time; the
+sample's wait must be the kernel's `schedstat` run delay of that thread (read again
+right after, as an outside check), and CPU plus wait must cover the time they ran.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tracedpush.telemetry.threads import sample_process
+
+BUSY_S = 1.5  # each child spins this long on the shared core
+SAMPLE_AFTER_S = 1.0
+
+pytestmark = pytest.mark.skipif(
+    not Path("/proc/self/schedstat").exists(), reason="the kernel keeps no schedstats"
+)
+
+
+def _run_delay_ms(pid: int) -> float:
+    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[1]) / 1e6
+
+
+def test_two_spinners_on_one_core_each_wait_about_half_the_time() -> None:
+    core = min(os.sched_getaffinity(0))
+    spin = (
+        f"import os, time; os.sched_setaffinity(0, {{{core}}}); t = time.monotonic()\n"
+        f"while time.monotonic() - t < {BUSY_S}: pass"
+    )
+    kids = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+    try:
+        time.sleep(SAMPLE_AFTER_S)
+        rows = {k.pid: sample_process(k.pid, "api_server", None) for k in kids}
+        kernel = {k.pid: _run_delay_ms(k.pid) for k in kids}  # the oracle, just after
+    finally:
+        for k in kids:
+            k.wait(timeout=30)
+    for pid, got in rows.items():
+        (main,) = [r for r in got if r.tid == pid]
+        assert main.role == "api_server" and main.affinity == str(core)
+        # ours was read first; the kernel's a moment later, at most that moment more
+        assert 0 <= kernel[pid] - main.wait_ms < 100, (main.wait_ms, kernel[pid])
+        # sharing a core, each spun for about half the time it was runnable
+        assert main.wait_ms > 0.2 * SAMPLE_AFTER_S * 1000, main
+        assert main.cpu_ms > 0.2 * SAMPLE_AFTER_S * 1000, main
+
+
+def test_a_thread_that_is_gone_has_no_row() -> None:
+    kid = subprocess.Popen([sys.executable, "-c", "pass"])
+    kid.wait(timeout=30)
+    assert sample_process(kid.pid, "worker", None) == []
