@@ -299,6 +299,10 @@ TRACE_RECEIVED_NS_KEY: Final = "received_ns"
 METRIC_KV_PHASE: Final = "tracedpush_kv_phase_seconds"  # histogram {mode, role, phase}
 METRIC_KV_FAILURES: Final = "tracedpush_kv_failures"  # counter {mode, role, reason}
 METRIC_KV_BYTES: Final = "tracedpush_kv_bytes"  # counter {mode, role}: bytes moved by NIXL
+# counters {mode, role, process, thread}: the engine's threads' CPU, and their wait for a
+# CPU (engine.threads' cpu_ms / cpu_wait_ms differences, summed by process and role)
+METRIC_THREAD_CPU: Final = "tracedpush_thread_cpu_seconds"
+METRIC_THREAD_CPU_WAIT: Final = "tracedpush_thread_cpu_wait_seconds"
 # engines' (and collect's) /metrics: spans the process dropped, by DROP_REASONS; the
 # proxy's is tracedpush_proxy_spans_dropped_total, beside its other tracedpush_proxy_*
 METRIC_SPANS_DROPPED: Final = "tracedpush_spans_dropped"  # counter {reason}
@@ -320,6 +324,8 @@ LABEL_ROLE: Final = "role"  # "prefill" | "decode"
 LABEL_PHASE: Final = "phase"
 LABEL_REASON: Final = "reason"  # one of KV_FAILURE_REASONS
 LABEL_OUTCOME: Final = "outcome"  # collect: "complete" | "expired"
+LABEL_PROCESS: Final = "process"  # "api_server" | "engine_core" | "worker"
+LABEL_THREAD: Final = "thread"  # one of THREAD_ROLES
 # Engine-local KV phases (values of `phase` on METRIC_KV_PHASE). They carry the same
 # names as the report's TTFT phases (tracedpush.analysis.phases) for the same mechanism.
 KV_PHASE_REGISTRATION: Final = "registration"  # push, D: kv.register

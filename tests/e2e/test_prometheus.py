@@ -10,7 +10,9 @@ collect, every second, with exemplar storage on. Then every query of every panel
 every generated dashboard is run through Prometheus' HTTP API, and every exemplar's
 trace id is looked up in the trace store. Before that, the connector's WRITE (push) or
 READ (pull) histogram must count as many transfers as vLLM's own
-`vllm:nixl_xfer_time_seconds` on the same engine.
+`vllm:nixl_xfer_time_seconds` on the same engine, and each engine's model runner's CPU
+and wait for a CPU on its /metrics (`tracedpush_thread_*`) must grow over the burst as
+the kernel's own counters of that thread do (/proc), within a sample's interval.
 
 Each mode is one test; a query counts as having data if it returned a series in either
 mode (a READ panel has data only in pull, a WRITE panel only in push). The pull test,
@@ -20,6 +22,7 @@ which runs last, asserts that every panel has data: panels-with-data / panels = 
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 import urllib.request
@@ -31,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from tracedpush import semconv
+from tracedpush.analysis import TraceStore, analyze
 from tracedpush.launcher import Deployment, DeploymentConfig
 from tracedpush.launcher.metrics import metric_sum
 from tracedpush.launcher.servers import traced_connectors_available
@@ -49,6 +53,7 @@ PORTS = {
 }
 DASHBOARDS = sorted((Path(__file__).parents[2] / "dashboards").glob("*.json"))
 REQUESTS = 16
+SAMPLE_S = 1.0  # the span builder samples the engine's threads about this often
 # (dashboard, panel title, query index) -> series returned, per mode
 SERIES: dict[tuple[str, str, int], dict[str, int]] = {}
 
@@ -87,6 +92,43 @@ def store_trace_ids(traces_dir: Path) -> set[str]:
     return ids
 
 
+def model_runners(traces_dir: Path) -> dict[str, tuple[int, int]]:
+    """Engine role -> (pid, tid) of its worker's model runner, from the stored
+    `engine.threads` samples (waiting up to 30 s for the engines' first exports)."""
+    deadline = time.monotonic() + 30
+    while True:
+        found = {}
+        for smp in analyze(TraceStore.from_path(traces_dir), spans=False).engine_steps.samples:
+            for i, role in enumerate(smp.thread_roles):
+                if role == "model_runner":
+                    found[smp.role] = (smp.pids[i], smp.tids[i])
+        if len(found) == 2 or time.monotonic() > deadline:
+            return found
+        time.sleep(1)
+
+
+def settled(pd: Deployment, url: str, runner: tuple[int, int]) -> tuple[float, ...]:
+    """`thread_now` just after a request straight to the engine (no KV transfer): the
+    step delivers what the builder sampled before it (vLLM collects connector stats as
+    the engine steps), so /metrics lags the kernel by a sample's interval at most."""
+    step = {"model": pd.model_name, "prompt": "a step " * 40, "max_tokens": 2}
+    _post(url, step, f"prom-step-{uuid.uuid4().hex[:8]}")
+    return thread_now(url, *runner)
+
+
+def thread_now(url: str, pid: int, tid: int) -> tuple[float, float, float, float]:
+    """The model runner's CPU and wait for a CPU in seconds: on the engine's /metrics,
+    then from the kernel (/proc), read one after the other."""
+    labels = {"process": "worker", "thread": "model_runner"}
+    cpu = metric_sum(url, f"{semconv.METRIC_THREAD_CPU}_total", **labels)
+    wait = metric_sum(url, f"{semconv.METRIC_THREAD_CPU_WAIT}_total", **labels)
+    task = Path(f"/proc/{pid}/task/{tid}")
+    fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+    kernel_cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    kernel_wait = int((task / "schedstat").read_text().split()[1]) / 1e9
+    return cpu, wait, kernel_cpu, kernel_wait
+
+
 def host_port(url: str) -> str:
     return url.split("://", 1)[1].split("/", 1)[0]
 
@@ -117,6 +159,13 @@ def test_every_panel_has_data_and_every_exemplar_is_a_stored_trace(collected: De
     complete = semconv.METRIC_COLLECT_TRACES + "_total"
     before = metric_sum(collect, complete, outcome=semconv.OUTCOME_COMPLETE)
     t0 = time.time()
+    # each engine's model runner: /metrics and the kernel, just after the engine stepped
+    # (vLLM collects connector stats as it steps), before the burst and after it; a
+    # request straight to each engine makes it step without a KV transfer (counted below)
+    runners = model_runners(pd.traces_dir)
+    assert set(runners) == {"prefill", "decode"}, runners
+    urls = {"prefill": pd.prefill_url, "decode": pd.decode_url}
+    first = {e: settled(pd, url, runners[e]) for e, url in urls.items()}
     drive(pd)
     deadline = time.monotonic() + 60
     while metric_sum(collect, complete, outcome=semconv.OUTCOME_COMPLETE) < before + REQUESTS:
@@ -152,6 +201,19 @@ def test_every_panel_has_data_and_every_exemplar_is_a_stored_trace(collected: De
     )
     assert theirs == REQUESTS + 1, f"{op}: vLLM's nixl_xfer_time {theirs}"
     assert theirs - 1 <= ours <= theirs, f"{op}: ours {ours}, vLLM's nixl_xfer_time {theirs}"
+    # the thread counters grew as the kernel's own counters did, over the burst: the
+    # samples are about a second apart, so each end may miss up to a second's growth
+    time.sleep(SAMPLE_S * 2)  # two samples of the settled threads
+    for e, url in urls.items():
+        now = settled(pd, url, runners[e])
+        grown = [b - a for a, b in zip(first[e], now, strict=True)]
+        print(
+            f"\n{e} model runner over the burst: CPU {grown[0]:.2f} s on /metrics, "
+            f"{grown[2]:.2f} s by the kernel; waiting for a CPU {grown[1]:.2f} s, {grown[3]:.2f} s"
+        )
+        assert grown[2] + grown[3] > 0.5, grown  # it was runnable: a real comparison
+        assert abs(grown[0] - grown[2]) <= SAMPLE_S + 0.1 * grown[2], grown
+        assert abs(grown[1] - grown[3]) <= SAMPLE_S + 0.1 * grown[3], grown
 
     engine = {"mode": mode}
     jobs = {

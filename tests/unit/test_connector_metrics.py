@@ -430,3 +430,51 @@ def _one_phase() -> Observations:
     observations = Observations()
     observations.put((obs.PHASE, "WRITE", 0.25))
     return observations
+
+
+def test_thread_cpu_and_waits_reach_vllms_prom_path_as_the_samples_say(prom):
+    """Two thread samples of the builder's real /proc reader: their differences by
+    (process, thread role) on the engine's /metrics, equal to the rows' own numbers; the
+    request-path series exist at 0 before any sample."""
+    from tracedpush.telemetry.threads import ThreadDeltas, ThreadRow
+
+    kv_prom = prom("NixlPushConnector", "kv_consumer")
+    labels = {"mode": "push", "role": "decode"}
+    cpu, wait = f"{semconv.METRIC_THREAD_CPU}_total", f"{semconv.METRIC_THREAD_CPU_WAIT}_total"
+    for process, thread in m.PATH_THREADS:
+        assert value(cpu, **labels, process=process, thread=thread) == 0
+        assert value(wait, **labels, process=process, thread=thread) == 0
+
+    def row(tid: int, role: str, cpu_ms: float, wait_ms: float) -> ThreadRow:
+        process = "worker" if role in ("model_runner", "nixl") else role
+        return ThreadRow(7, tid, process, "t", role, cpu_ms, 1, "1", wait_ms)
+
+    deltas = ThreadDeltas()
+    first = [row(7, "model_runner", 100, 50), row(8, "nixl", 400, 10), row(9, "api_server", 5, 1)]
+    assert deltas.update(first) == {}  # a thread's first sample: its history, not counted
+    second = [row(7, "model_runner", 300, 250), row(8, "nixl", 900, -1), row(10, "nixl", 20, 20)]
+    got = deltas.update(second)
+    assert got == {("worker", "model_runner"): (200.0, 200.0), ("worker", "nixl"): (500.0, 0.0)}
+    observations = Observations()
+    SpanObserver("push", "decode", observations).on_threads(got)
+    kv_prom.observe(ship(m.collect_stats(None, observations)), 0)
+    assert value(cpu, **labels, process="worker", thread="model_runner") == 0.2
+    assert value(wait, **labels, process="worker", thread="model_runner") == 0.2
+    assert value(cpu, **labels, process="worker", thread="nixl") == 0.5
+    assert value(wait, **labels, process="worker", thread="nixl") == 0  # -1: not known
+    assert value(cpu, **labels, process="api_server", thread="api_server") == 0
+
+
+def test_thread_observations_wait_while_nobody_drains():
+    """An idle engine is not drained (vLLM collects connector stats as it steps): thread
+    samples are summed in the observer beyond half the hand-off, and nothing is dropped."""
+    observations = Observations(maxlen=8)
+    observer = SpanObserver("pull", "prefill", observations)
+    for _ in range(100):
+        observer.on_threads({("worker", "model_runner"): (10.0, 5.0)})
+    items, lost = observations.take()
+    assert lost == 0 and len(items) == 5  # while at most half of 8 are waiting; then summed
+    observer.on_threads({("worker", "model_runner"): (10.0, 5.0)})  # room again: the sum
+    (last,), _ = observations.take()
+    total = sum(i[3] for i in items) + last[3]
+    assert last[0] == obs.THREADS and total == pytest.approx(1.01)  # 101 samples x 10 ms

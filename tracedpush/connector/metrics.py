@@ -45,6 +45,11 @@ BYTES: Final = "tracedpush_bytes"  # int[]: bytes moved, one per transfer span
 DROP_REASONS: Final = "tracedpush_spans_dropped_reason"  # str[]
 DROP_COUNTS: Final = "tracedpush_spans_dropped_count"  # int[]: spans lost, a delta
 OBSERVATIONS_DROPPED: Final = "tracedpush_observations_dropped"  # int[]: deltas
+# one element per thread sample's (process, thread role): CPU and wait seconds, deltas
+THREAD_PROCESS: Final = "tracedpush_thread_process"  # str[]
+THREAD_ROLE: Final = "tracedpush_thread_role"  # str[]
+THREAD_CPU_S: Final = "tracedpush_thread_cpu_s"  # float[]
+THREAD_WAIT_S: Final = "tracedpush_thread_wait_s"  # float[]
 KEYS: Final = (
     PHASE_NAMES,
     PHASE_SECONDS,
@@ -53,6 +58,16 @@ KEYS: Final = (
     DROP_REASONS,
     DROP_COUNTS,
     OBSERVATIONS_DROPPED,
+    THREAD_PROCESS,
+    THREAD_ROLE,
+    THREAD_CPU_S,
+    THREAD_WAIT_S,
+)
+# the threads a request waits on, by (process, thread role): their series exist at 0
+PATH_THREADS: Final = (
+    ("api_server", "api_server"),
+    ("engine_core", "engine_core"),
+    ("worker", "model_runner"),
 )
 
 
@@ -109,6 +124,11 @@ class TracedKVConnectorStats(NixlKVConnectorStats):
             elif kind == obs.SPANS_DROPPED:
                 data[DROP_REASONS].append(item[1])
                 data[DROP_COUNTS].append(item[2])
+            elif kind == obs.THREADS:
+                data[THREAD_PROCESS].append(item[1])
+                data[THREAD_ROLE].append(item[2])
+                data[THREAD_CPU_S].append(item[3])
+                data[THREAD_WAIT_S].append(item[4])
         if observations_lost:
             data[OBSERVATIONS_DROPPED].append(observations_lost)
 
@@ -206,14 +226,30 @@ class TracedPromMetrics(NixlPromMetrics):
             "them (the bounded hand-off from the span builder was full).",
             labelnames=labelnames,
         )
+        thread_labels = [*kv_labels, semconv.LABEL_PROCESS, semconv.LABEL_THREAD]
+        self._cpu_parent = self._counter_cls(
+            name=semconv.METRIC_THREAD_CPU,
+            documentation="CPU time of this engine's threads (tracedpush, from /proc: "
+            "utime + stime), by process and thread role.",
+            labelnames=thread_labels,
+        )
+        self._wait_parent = self._counter_cls(
+            name=semconv.METRIC_THREAD_CPU_WAIT,
+            documentation="Time this engine's threads were runnable without a CPU "
+            "(tracedpush, from the kernel's schedstat run delay), by process and thread role.",
+            labelnames=thread_labels,
+        )
         parents = (self._phase_parent, self._failure_parent, self._dropped_parent)
         _registered.extend((*parents, bytes_parent, lost_parent))
+        _registered.extend((self._cpu_parent, self._wait_parent))
         phases = semconv.KV_PHASES_BY_ROLE.get((mode, role), ())
         self.phase_seconds: dict[int, dict[str, Any]] = {}
         self.failures: dict[int, dict[str, Any]] = {}
         self.kv_bytes: dict[int, Any] = {}
         self.spans_dropped: dict[int, dict[str, Any]] = {}
         self.observations_dropped: dict[int, Any] = {}
+        # (process, thread role) -> (CPU child, wait child), per engine
+        self.threads: dict[int, dict[tuple[str, str], tuple[Any, Any]]] = {}
         for idx, values in per_engine_labelvalues.items():
             kv_values = [*values, mode, role]
             self.phase_seconds[idx] = {p: self._phase_parent.labels(*kv_values, p) for p in phases}
@@ -225,10 +261,23 @@ class TracedPromMetrics(NixlPromMetrics):
                 r: self._dropped_parent.labels(*values, r) for r in semconv.DROP_REASONS
             }
             self.observations_dropped[idx] = lost_parent.labels(*values)
+            self.threads[idx] = {}
+            for process, thread in PATH_THREADS:
+                self._thread_children(idx, kv_values, process, thread)
+
+    def _thread_children(
+        self, idx: int, kv_values: list[object], process: str, thread: str
+    ) -> tuple[Any, Any]:
+        pair = self.threads[idx][process, thread] = (
+            self._cpu_parent.labels(*kv_values, process, thread),
+            self._wait_parent.labels(*kv_values, process, thread),
+        )
+        return pair
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         super().observe(transfer_stats_data, engine_idx)
         data = transfer_stats_data
+        self._observe_threads(data, engine_idx)
         values = self.per_engine_labelvalues[engine_idx]
         hists = self.phase_seconds[engine_idx]
         phases = zip(data.get(PHASE_NAMES, ()), data.get(PHASE_SECONDS, ()), strict=False)
@@ -259,3 +308,22 @@ class TracedPromMetrics(NixlPromMetrics):
         lost = sum(data.get(OBSERVATIONS_DROPPED, ()))
         if lost:
             self.observations_dropped[engine_idx].inc(lost)
+
+    def _observe_threads(self, data: dict[str, Any], engine_idx: int) -> None:
+        children = self.threads[engine_idx]
+        values = [*self.per_engine_labelvalues[engine_idx], self.mode, self.role]
+        rows = zip(
+            data.get(THREAD_PROCESS, ()),
+            data.get(THREAD_ROLE, ()),
+            data.get(THREAD_CPU_S, ()),
+            data.get(THREAD_WAIT_S, ()),
+            strict=False,
+        )
+        for process, thread, cpu_s, wait_s in rows:
+            pair = children.get((process, thread))
+            if pair is None:
+                pair = self._thread_children(engine_idx, values, process, thread)
+            if cpu_s > 0:
+                pair[0].inc(cpu_s)
+            if wait_s > 0:
+                pair[1].inc(wait_s)

@@ -561,6 +561,37 @@ def nixl_engines() -> dash_b.Dashboard:
             unit="short",
         )
     )
+    d.with_row(row("Engine threads (tracedpush, from /proc)"))
+    threads = "mode, role, instance, process, thread"
+    thread_legend = "{{mode}} {{role}} {{instance}} {{process}} {{thread}}"
+    for metric, title, what in (
+        (
+            counter(sc.METRIC_THREAD_CPU_WAIT),
+            "Threads waiting for a CPU (s/s)",
+            "runnable without a CPU (the kernel's schedstat run delay): 1 = a thread that "
+            "wanted a core all the time and never had one. Where a thread ran says who "
+            "shared a core; its wait says whom that cost (an API server or EngineCore "
+            "starved by a busy-polling worker on the same core, docs/findings.md)",
+        ),
+        (
+            counter(sc.METRIC_THREAD_CPU),
+            "Threads on a CPU (s/s)",
+            "on a CPU (utime + stime): 1 = a whole core",
+        ),
+    ):
+        d.with_panel(
+            panel(
+                title,
+                f"`{metric}` per second, by engine process and thread role: the time this "
+                f"engine's threads were {what}. Roles: model_runner (a worker's main "
+                "thread), compute (its OpenMP / torch threads), nixl (NIXL's UCX progress "
+                "thread), push_writer, engine_core, api_server, tracedpush (our builders "
+                "and exporters), other. The engine's process spans `engine.threads` carry "
+                "the same numbers per thread (the report's Contention section).",
+                [query(f"sum by ({threads}) (rate({metric}{{{MODE}}}[{RATE}]))", thread_legend)],
+                unit="percentunit",
+            )
+        )
     return d
 
 

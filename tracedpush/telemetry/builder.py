@@ -35,7 +35,7 @@ from tracedpush.telemetry.pull_emitter import PullDecodeEmitter, PullPrefillEmit
 from tracedpush.telemetry.push_emitter import PushDecodeEmitter, PushPrefillEmitter
 from tracedpush.telemetry.request_state import Handshake, Peers, RequestState, RequestTracker
 from tracedpush.telemetry.span_factory import BuilderConfig, SpanFactory
-from tracedpush.telemetry.threads import sample_engine
+from tracedpush.telemetry.threads import ThreadDeltas, sample_engine
 
 __all__ = ["BuilderConfig", "SpanBuilder"]
 
@@ -53,6 +53,7 @@ class SpanBuilder:
         self.cfg = config
         self.emit = emit
         self.observer = observer  # metric observations from the spans (observations.py)
+        self._thread_deltas = ThreadDeltas()  # each thread sample's CPU and wait, for them
         self.observer_errors = 0
         self.spans = SpanFactory(config, resource)
         self.tracker = RequestTracker(config.tp_size, config.mode)
@@ -142,6 +143,8 @@ class SpanBuilder:
         span = self.process.threads_span(rows, now_ns or time.time_ns(), events_recorded)
         if span is not None:
             self._flush([span])
+        if self.observer is not None:  # the same numbers for the engine's /metrics
+            self.observer.on_threads(self._thread_deltas.update(rows))
 
     def flush_all(self) -> None:
         """At shutdown: emit whatever is known, open phases marked ERROR."""

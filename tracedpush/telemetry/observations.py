@@ -30,6 +30,9 @@ PHASE: Final = 0  # (PHASE, phase, seconds)
 FAILURE: Final = 1  # (FAILURE, reason)
 BYTES: Final = 2  # (BYTES, n)
 SPANS_DROPPED: Final = 3  # (SPANS_DROPPED, reason, n): spans lost since the last one
+# (THREADS, process, thread role, cpu s, wait s): since the last sample, summed over the
+# threads of that process and role (`threads.ThreadDeltas`)
+THREADS: Final = 4
 
 DEFAULT_MAXLEN: Final = 16384  # a few thousand requests' worth between two drains
 
@@ -78,6 +81,25 @@ class SpanObserver:
         self.mode = mode
         self.role = role
         self.put = observations.put
+        self.observations = observations
+        # thread CPU and waits not handed over yet: (process, role) -> [cpu s, wait s]
+        self._threads: dict[tuple[str, str], list[float]] = {}
+
+    def on_threads(self, deltas: dict[tuple[str, str], tuple[float, float]]) -> None:
+        """A thread sample's CPU and waits (ms, by process and role: `ThreadDeltas`).
+        Handed over only while the hand-off is at most half full, else summed here
+        until it is: an idle engine (nobody drains it: vLLM collects stats as it steps)
+        keeps a few sums, not a queue that fills and drops the KV observations."""
+        pending = self._threads
+        for key, (cpu, wait) in deltas.items():
+            acc = pending.setdefault(key, [0.0, 0.0])
+            acc[0] += cpu / 1e3
+            acc[1] += wait / 1e3
+        items = self.observations.items
+        if pending and len(items) <= (items.maxlen or 0) // 2:
+            for (process, role), (cpu_s, wait_s) in pending.items():
+                self.put((THREADS, process, role, cpu_s, wait_s))
+            pending.clear()
 
     def on_spans(self, req: RequestState, spans: Sequence[ReadableSpan]) -> None:
         put = self.put

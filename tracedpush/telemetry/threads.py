@@ -35,6 +35,32 @@ class ThreadRow:
     wait_ms: float = -1.0  # runnable without a CPU since it started; -1: not known
 
 
+class ThreadDeltas:
+    """Each sample's CPU and wait for a CPU since the previous sample, summed by
+    (process, role): what the engine's /metrics counts (`observations.THREADS`). A
+    thread's first sample adds nothing (its history before it is not this engine's
+    run); only the threads of the latest sample are remembered."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[int, int], tuple[float, float]] = {}
+
+    def update(self, rows: list[ThreadRow]) -> dict[tuple[str, str], tuple[float, float]]:
+        """(process, role) -> (CPU ms, wait ms) since the previous sample (a wait of -1,
+        not known, counts as none)."""
+        last, self._last = self._last, {(r.pid, r.tid): (r.cpu_ms, r.wait_ms) for r in rows}
+        out: dict[tuple[str, str], tuple[float, float]] = {}
+        for r in rows:
+            before = last.get((r.pid, r.tid))
+            if before is None:
+                continue
+            cpu = max(r.cpu_ms - before[0], 0.0)
+            wait = max(r.wait_ms - before[1], 0.0) if r.wait_ms >= 0 and before[1] >= 0 else 0.0
+            if cpu or wait:
+                c, w = out.get((r.process, r.role), (0.0, 0.0))
+                out[r.process, r.role] = (c + cpu, w + wait)
+        return out
+
+
 def native_thread_ids() -> set[int]:
     """OS ids of every thread of this process."""
     try:
