@@ -107,6 +107,37 @@ def largest(snap: Snapshot, y: str) -> pd.DataFrame:
     return snap.memo(("largest", y), lambda: snap.table.nlargest(LARGEST_MAX, y))
 
 
+THREADS_MAX = 20  # the most threads the Overview lists
+
+
+def thread_table(snap: Snapshot) -> pd.DataFrame | None:
+    """The busiest engine threads over the run: CPU, the wait for a CPU (None where the
+    traces do not say) and that wait's share of the time each was runnable; None
+    without thread samples."""
+
+    def make() -> pd.DataFrame | None:
+        found = snap.contention
+        if not found:
+            return None
+        rows = [
+            {
+                "engine": t.engine_id,
+                "process": t.process,
+                "pid": t.pid,
+                "thread": t.name,
+                "role": t.role,
+                "CPU s": round(t.cpu_ms / 1000.0, 2),
+                "waiting s": round(t.cpu_wait_ms / 1000.0, 2) if t.wait_known else None,
+                "waiting share": round(t.wait_share(), 3) if t.wait_known else None,
+            }
+            for t in found.threads[:THREADS_MAX]
+            if t.cpu_ms > 0
+        ]
+        return pd.DataFrame(rows) if rows else None
+
+    return snap.memo("thread_table", make)
+
+
 def phase_boxes(snap: Snapshot, measure: str, modes: list[str]) -> Any:
     """The Phases page's box statistics of `measure` over `modes` (`charts.phase_box_parts`),
     once per snapshot (`Snapshot.memo`)."""

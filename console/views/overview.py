@@ -168,6 +168,21 @@ if found is not None and found.findings:
     st.markdown("\n".join(f"- {f.text}" for f in found.findings))
 elif found is not None:
     st.caption(f"No CPU contention found in {found.samples:,} thread samples.")
+threads = derived.thread_table(snap)
+if threads is not None:
+    with st.expander("Engine threads: on a CPU and waiting for one, over the run"):
+        st.dataframe(
+            threads,
+            hide_index=True,
+            column_config={
+                "waiting share": st.column_config.NumberColumn(
+                    "waiting share",
+                    help="waiting / (CPU + waiting): the share of the time the thread was "
+                    "runnable that it had no CPU",
+                    format="percent",
+                )
+            },
+        )
 
 health = snap.export_health
 if health is not None:

@@ -252,6 +252,20 @@ def test_overview_names_contention_findings(app, contended):
         assert f.text in text
 
 
+def test_overview_lists_the_threads_and_their_waits(app, contended):
+    """The busiest threads with their CPU and their wait for one, as contention has
+    them: the unpinned D EngineCore's wait is 0.6 of its CPU (the synthetic rule)."""
+    found = analyze(TraceStore.from_path(contended)).contention()
+    at = app(traces=contended, page="views/overview.py")
+    no_exception(at)
+    (table,) = [d.value for d in at.dataframe if "waiting s" in d.value.columns]
+    core = next(t for t in found.threads if t.engine_role == "decode" and t.role == "engine_core")
+    row = table[(table["pid"] == core.pid) & (table["role"] == "engine_core")].iloc[0]
+    assert row["CPU s"] == round(core.cpu_ms / 1000.0, 2)
+    assert row["waiting s"] == round(core.cpu_wait_ms / 1000.0, 2)
+    assert row["waiting share"] == pytest.approx(0.6 / 1.6, abs=0.002)
+
+
 # ------------------------------------------------------------------ old traces
 
 
