@@ -598,6 +598,9 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         # neither side holds a shard's at once), then its facts
         mine: dict[str, StepParts] = {}
         phase1: list[Any] = [None] * workers
+        # each worker's traces by first position, made as its facts arrive: the first to
+        # finish storing leaves a core to its facts while the other still stores
+        firsts_of: list[list[tuple[tuple[int, int, int], str, TraceFacts]]] = [[]] * workers
         tally = _Tally(idx.progress, pipes)
         waiting = {c: shard for shard, c in enumerate(pipes)}
         while waiting:
@@ -608,7 +611,11 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
                 elif _is_progress(got):
                     tally.heard(c, got)
                 else:
-                    phase1[waiting.pop(c)] = got[1:]  # type: ignore[call-overload]
+                    shard = waiting.pop(c)
+                    res, keys_, facts, first, st, ok = got[1:]
+                    phase1[shard] = (res, keys_, st, ok)
+                    firsts_of[shard] = _firsts(facts, first)
+                    del got, facts, first
         BUILD_TIMES["read_store"] = time.time()
         tally.stage(OFFSETS)
         keys = {tuple(k[1][0]) for k in phase1}
@@ -617,13 +624,14 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         resources = phase1[0][0]
         state.resources = resources
         idx._index_resources()
-        firsts: list[tuple[tuple[int, int, int], str, TraceFacts]] = []
         stats = state.stats
-        for _res, _keys, facts, first, st, _ok in phase1:
-            first = marshal.loads(first)
-            firsts += [(first[t], t, TraceFacts(*f)) for t, f in marshal.loads(facts).items()]
+        for _res, _keys, st, _ok in phase1:
             _merge(stats, st)
-        firsts.sort(key=lambda x: x[0])
+        # every trace in first-seen order: the workers' sorted runs merged (a sort of
+        # two sorted runs is their merge)
+        firsts = [x for part in firsts_of for x in part]
+        del firsts_of
+        firsts.sort(key=_position)
         kept: dict[str, Kept] = {}
         for seq, (_pos, tid, f) in enumerate(firsts):
             f.seq = seq
@@ -691,7 +699,7 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
             if p.is_alive():  # stuck somehow (a backstop: each worker holds only its
                 p.kill()  # own end of its pipe): no worker outlives the build
                 p.join()
-    lines_ok = phase1[0][5]  # every worker reads every line: the lead's count
+    lines_ok = phase1[0][3]  # every worker reads every line: the lead's count
     files_state = {}
     for (f, end), ok in zip(ends, lines_ok, strict=True):
         info = f.stat()
@@ -703,6 +711,19 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
     stats.files += len(files)
     stats.partial = sum(1 for p in pending.values() if p)
     return True
+
+
+def _position(x: tuple[tuple[int, int, int], str, TraceFacts]) -> tuple[int, int, int]:
+    return x[0]
+
+
+def _firsts(facts: bytes, first: bytes) -> list[tuple[tuple[int, int, int], str, TraceFacts]]:
+    """One worker's traces as (first-seen position, trace id, facts), in that order
+    (positions are unique: a span is in one trace)."""
+    where = marshal.loads(first)
+    out = [(where[t], t, TraceFacts(*f)) for t, f in marshal.loads(facts).items()]
+    out.sort(key=_position)
+    return out
 
 
 def _recv(conn: Connection) -> Any:
