@@ -668,6 +668,7 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
         BUILD_TIMES["steps"] = time.time()
         WORKER_PEAK_KB.clear()
         WORKER_CPU.clear()
+        offsets_of: dict[Any, tuple[int, ...]] = {}
         for c in pipes:
             rows_blob, tpots_blob, peak, times, analysed_at = listener.reply(c)
             BUILD_TIMES["workers_analysed"] = max(
@@ -680,7 +681,10 @@ def build(idx: AnalysisIndex, files: Sequence[Path], workers: int) -> bool:
             for tid, row in rows.items():
                 k = kept[tid]
                 k.row = row
-                k.offsets = tuple(off[i] for i in k.facts.res)
+                res = k.facts.res  # few distinct: one tuple of offsets each
+                k.offsets = offsets_of.get(res) or offsets_of.setdefault(
+                    res, tuple(off[i] for i in res)
+                )
                 k.tpot = tpots[tid]
         BUILD_TIMES["analysed"] = time.time()
         state.tpot_key = tpot_key
