@@ -50,6 +50,7 @@ PREFILL = "vllm:request_prefill_time_seconds"
 XFER = "vllm:nixl_xfer_time_seconds"
 TTFT = "vllm:time_to_first_token_seconds"  # each engine: its arrival_time -> first token out
 MAIN_ROLES = ("api_server", "engine_core", "model_runner")  # each engine's main threads
+STRETCH_MS = 100.0  # a wait the kernel adds only as it ends (a scheduler period or so)
 
 pytestmark = pytest.mark.timeout(2400)
 
@@ -163,10 +164,11 @@ def _waits_agree_with_the_kernel(run: RunAnalysis) -> None:
     assert {role for _t, _w, role in last.values()} == set(MAIN_ROLES), last
     for (pid, tid), (at_ns, ours_ms, role) in last.items():
         path = Path(f"/proc/{pid}/task/{tid}/schedstat")
-        now_ns = time.time_ns()
         kernel_ms = int(path.read_text().split()[1]) / 1e6
-        grown_ms = kernel_ms - ours_ms
-        assert 0 <= grown_ms <= (now_ns - at_ns) / 1e6 + 1, (role, pid, ours_ms, kernel_ms)
+        now_ns = time.time_ns()  # after the read: the wait grew by at most the time since
+        grown_ms = kernel_ms - ours_ms  # (the sample's time was taken after its read)...
+        # ...and a wait in progress at the sample, which the kernel adds as it ends
+        assert 0 <= grown_ms <= (now_ns - at_ns) / 1e6 + STRETCH_MS, (role, pid, grown_ms)
     print("\nwaits for a CPU (ms, cumulative at the last sample): " + ", ".join(
         f"{role} {w:.0f}" for _t, w, role in sorted(last.values(), key=lambda v: v[2])
     ))  # fmt: skip
