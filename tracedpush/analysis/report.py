@@ -503,8 +503,10 @@ def _contention(run: RunAnalysis, top: int = 15) -> str:
                 t.affinity,
             ]
         )
-    h = ["engine", "process", "pid", "thread", "role", "CPU s", "wait s", "cores (busy samples)"]
-    h.append("affinity")
+    h = [
+        *("engine", "process", "pid", "thread", "role", "CPU s", "wait s"),
+        *("cores (busy samples)", "affinity"),
+    ]
     body = "\n".join(lines) + "\n\n" + table(h, rows)
     title = "Contention (CPU per thread over the run, and its wait for one, from engine.threads)"
     return _section(title, body)

@@ -9,8 +9,9 @@ processes are named by their OS `comm`.
 
 The wait is the kernel's ``schedstat`` run delay: how long the thread was runnable on a
 run queue without a CPU, cumulative. CPU share alone says where a thread ran; the wait
-says whom that cost (an API server starved on a core that an engine busy-polls shows
-seconds of it, and a pinned engine nearly none).
+says whom that cost: an API server on a core that another engine busy-polls shows
+seconds of it, and so does a pinned EngineCore whose one core its own engine's NIXL
+thread polls (docs/findings.md).
 """
 
 from __future__ import annotations
