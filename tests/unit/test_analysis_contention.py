@@ -127,7 +127,13 @@ def test_a_thread_that_waited_for_a_cpu_is_named_with_its_wait(unpinned, pinned)
     assert f.cpu_ms == pytest.approx(core.cpu_wait_ms)
     assert f"decode engine_core (pid {core.pid}) {core.cpu_wait_ms / 1000.0:.2f} s" in f.text
     assert "38% of the time it was runnable" in f.text
-    assert f.details["waits"][0]["tid"] == core.tid
+    assert f.details["waits"][0]["tid"] == core.tid and f.details["waits"][0]["core"] == 1
+    # mostly on D's core, where D's worker computes: named as the busiest there
+    busiest = f.details["busiest_on_core"]["1"]
+    on_1 = sorted(c.threads, key=lambda t: -t.cpu_by_core_ms.get(1, 0.0))  # one host
+    assert [b["tid"] for b in busiest] == [t.tid for t in on_1[:2]]
+    assert busiest[0]["role"] == "compute" and busiest[1]["role"] == "model_runner"
+    assert "on core 1 (busiest there: decode worker VLLM::Worker (pid 1004)" in f.text
     assert c.findings.index(f) > c.findings.index(
         next(x for x in c.findings if x.kind == "cross_engine")
     )

@@ -44,6 +44,7 @@ WAIT_SHARE = 0.1  # ... nor one waiting less than this share of its runnable tim
 # threads a request waits on as it passes through an engine, in the order it meets them
 PATH_ROLES = ("api_server", "engine_core", "model_runner", "push_writer")
 KINDS = ("cross_engine", "within_engine", "cpu_wait")  # findings' kinds, in the report's order
+SHARERS_MAX = 2  # the busiest threads named on the core a waiting thread was on
 
 
 @dataclass(slots=True)
@@ -394,11 +395,29 @@ def _helper_group(t: ThreadUsage) -> str | None:
     return "other threads"
 
 
+def _main_core(t: ThreadUsage) -> int | None:
+    """The core a thread was on in most of its busy samples (else of all), if known."""
+    share = {c: v for c, v in (t.busy_core_share() or t.core_share()).items() if c >= 0}
+    return max(share, key=share.__getitem__) if share else None
+
+
+def _busiest_on(core: int, host: str, threads: Sequence[ThreadUsage]) -> list[ThreadUsage]:
+    """The threads of `host` whose CPU was charged most to `core` (at least
+    `BUSY_MIN_MS`; at most `SHARERS_MAX`): whom a thread waiting there shared it with."""
+    on = [o for o in threads if o.host == host and o.cpu_by_core_ms.get(core, 0.0) >= BUSY_MIN_MS]
+    on.sort(key=lambda o: -o.cpu_by_core_ms[core])
+    return on[:SHARERS_MAX]
+
+
 def _waits(
-    by_engine: dict[str, list[ThreadUsage]], role_of: dict[str, str], host_of: dict[str, str]
+    by_engine: dict[str, list[ThreadUsage]],
+    role_of: dict[str, str],
+    host_of: dict[str, str],
+    threads: Sequence[ThreadUsage],
 ) -> list[Finding]:
     """Per engine, its request-path threads that waited for a CPU (`WAIT_MIN_MS` and
-    `WAIT_SHARE` both), longest wait first; `cpu_ms` of the finding is the waits' sum."""
+    `WAIT_SHARE` both), longest wait first, grouped by the core each was mostly on, with
+    the busiest threads there; `cpu_ms` of the finding is the waits' sum."""
     out: list[Finding] = []
     for e, ts in sorted(by_engine.items()):
         waited = [
@@ -412,16 +431,28 @@ def _waits(
         if not waited:
             continue
         waited.sort(key=lambda t: -t.cpu_wait_ms)
-        parts = "; ".join(
-            f"{t.label} (pid {t.pid}) {t.cpu_wait_ms / 1000.0:.2f} s, "
-            f"{_pct(t.wait_share())} of the time it was runnable"
-            for t in waited
-        )
+        by_core: dict[int | None, list[ThreadUsage]] = {}
+        for t in waited:
+            by_core.setdefault(_main_core(t), []).append(t)
+        busiest = {c: _busiest_on(c, host_of[e], threads) for c in by_core if c is not None}
+        groups = []
+        for c, members in by_core.items():
+            waits = "; ".join(
+                f"{t.label} (pid {t.pid}) {t.cpu_wait_ms / 1000.0:.2f} s, "
+                f"{_pct(t.wait_share())} of the time it was runnable"
+                for t in members
+            )
+            there = ", ".join(
+                f"{o.label} (pid {o.pid}) {o.cpu_by_core_ms[c] / 1000.0:.1f} s"
+                for o in busiest.get(c, [])
+            )
+            groups.append(f"on core {c} (busiest there: {there}): {waits}" if there else waits)
         total = sum(t.cpu_wait_ms for t in waited)
         out.append(
             Finding(
                 "cpu_wait",
-                f"{role_of[e]} engine {e}: threads on the requests' way waited for a CPU: {parts}",
+                f"{role_of[e]} engine {e}: threads on the requests' way waited for a CPU, "
+                + "; ".join(groups),
                 e,
                 host_of[e],
                 total,
@@ -435,9 +466,25 @@ def _waits(
                             "cpu_wait_s": round(t.cpu_wait_ms / 1000.0, 4),
                             "cpu_s": round(t.cpu_ms / 1000.0, 4),
                             "wait_share": round(t.wait_share(), 4),
+                            "core": c,
                         }
-                        for t in waited
-                    ]
+                        for c, members in by_core.items()
+                        for t in members
+                    ],
+                    "busiest_on_core": {
+                        str(c): [
+                            {
+                                "engine_id": o.engine_id,
+                                "pid": o.pid,
+                                "tid": o.tid,
+                                "role": o.role,
+                                "process": o.process,
+                                "cpu_s": round(o.cpu_by_core_ms[c] / 1000.0, 4),
+                            }
+                            for o in on
+                        ]
+                        for c, on in busiest.items()
+                    },
                 },
             )
         )
@@ -563,7 +610,7 @@ def contention(
                     {"processes_s": {p: round(v / 1000.0, 4) for p, v in own.items()}},
                 )
             )
-    findings += _waits(by_engine, role_of, host_of)
+    findings += _waits(by_engine, role_of, host_of, threads)
     findings.sort(key=lambda f: (KINDS.index(f.kind), -f.cpu_ms))
 
     # ---- per process, and our own cost
