@@ -22,7 +22,6 @@ which runs last, asserts that every panel has data: panels-with-data / panels = 
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 import urllib.request
@@ -39,6 +38,7 @@ from tracedpush.launcher import Deployment, DeploymentConfig
 from tracedpush.launcher.metrics import metric_sum
 from tracedpush.launcher.servers import traced_connectors_available
 from tracedpush.model.build import ensure_model
+from tracedpush.testing.kernel import thread_cpu_s, thread_wait_ms
 from tracedpush.testing.prometheus import panel_targets, run_prometheus
 
 MODES = ["push", "pull"]
@@ -122,11 +122,7 @@ def thread_now(url: str, pid: int, tid: int) -> tuple[float, float, float, float
     labels = {"process": "worker", "thread": "model_runner"}
     cpu = metric_sum(url, f"{semconv.METRIC_THREAD_CPU}_total", **labels)
     wait = metric_sum(url, f"{semconv.METRIC_THREAD_CPU_WAIT}_total", **labels)
-    task = Path(f"/proc/{pid}/task/{tid}")
-    fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-    kernel_cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    kernel_wait = int((task / "schedstat").read_text().split()[1]) / 1e9
-    return cpu, wait, kernel_cpu, kernel_wait
+    return cpu, wait, thread_cpu_s(pid, tid), thread_wait_ms(pid, tid) / 1e3
 
 
 def host_port(url: str) -> str:

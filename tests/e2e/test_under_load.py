@@ -37,6 +37,7 @@ from tracedpush.analysis import RunAnalysis, TraceStore, analyze, phases, reques
 from tracedpush.analysis.steps import EngineSteps
 from tracedpush.bench.workload import PromptMaker, run_workload
 from tracedpush.launcher.metrics import metric_sum
+from tracedpush.testing.kernel import thread_wait_ms
 
 MODES = [pytest.param(m, marks=pytest.mark.pd(m), id=m) for m in ("push", "pull")]
 CONCURRENCY = 8
@@ -164,8 +165,7 @@ def _waits_agree_with_the_kernel(run: RunAnalysis) -> None:
                 last[key] = (smp.time_ns, smp.cpu_wait_ms[i], smp.thread_roles[i])
     assert {role for _t, _w, role in last.values()} == set(MAIN_ROLES), last
     for (pid, tid), (at_ns, ours_ms, role) in last.items():
-        path = Path(f"/proc/{pid}/task/{tid}/schedstat")
-        kernel_ms = int(path.read_text().split()[1]) / 1e6
+        kernel_ms = thread_wait_ms(pid, tid)
         now_ns = time.time_ns()  # after the read: the wait grew by at most the time since
         grown_ms = kernel_ms - ours_ms  # (the sample's time was taken after its read)...
         # ...and a wait in progress at the sample, which the kernel adds as it ends

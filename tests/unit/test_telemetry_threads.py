@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tracedpush.telemetry.threads import sample_process
+from tracedpush.testing.kernel import thread_wait_ms
 
 BUSY_S = 1.5  # each child spins this long on the shared core
 SAMPLE_AFTER_S = 1.0
@@ -26,10 +27,6 @@ STRETCH_MS = 100.0
 pytestmark = pytest.mark.skipif(
     not Path("/proc/self/schedstat").exists(), reason="the kernel keeps no schedstats"
 )
-
-
-def _run_delay_ms(pid: int) -> float:
-    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[1]) / 1e6
 
 
 def test_two_spinners_on_one_core_each_wait_about_half_the_time() -> None:
@@ -43,7 +40,7 @@ def test_two_spinners_on_one_core_each_wait_about_half_the_time() -> None:
         time.sleep(SAMPLE_AFTER_S)
         read_from = time.monotonic()
         rows = {k.pid: sample_process(k.pid, "api_server", None) for k in kids}
-        kernel = {k.pid: _run_delay_ms(k.pid) for k in kids}  # the oracle, just after
+        kernel = {k.pid: thread_wait_ms(k.pid, k.pid) for k in kids}  # the oracle, just after
         between_ms = (time.monotonic() - read_from) * 1000
     finally:
         for k in kids:

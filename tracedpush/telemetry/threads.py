@@ -114,17 +114,25 @@ def cores_text(cores: set[int] | frozenset[int]) -> str:
     return ",".join(out)
 
 
-def _read_stat(pid: int, tid: int) -> tuple[str, float, int] | None:
+def _task_file(pid: int, tid: int, name: str, size: int) -> bytes | None:
+    """The start of a thread's /proc file (`stat`, `schedstat`); None once it is gone or
+    where the kernel has no such file."""
     try:
-        fd = os.open(f"/proc/{pid}/task/{tid}/stat", os.O_RDONLY)
+        fd = os.open(f"/proc/{pid}/task/{tid}/{name}", os.O_RDONLY)
     except OSError:
         return None
     try:
-        raw = os.read(fd, 1024)
+        return os.read(fd, size)
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def _read_stat(pid: int, tid: int) -> tuple[str, float, int] | None:
+    raw = _task_file(pid, tid, "stat", 1024)
+    if raw is None:
+        return None
     lpar, rpar = raw.find(b"("), raw.rfind(b")")
     comm = raw[lpar + 1 : rpar].decode("utf-8", "replace")
     fields = raw[rpar + 2 :].split()
@@ -140,16 +148,11 @@ def _read_stat(pid: int, tid: int) -> tuple[str, float, int] | None:
 def _read_wait(pid: int, tid: int) -> float:
     """The thread's run delay in ms (`schedstat`'s second field), -1 where the kernel has
     no schedstats (or the thread is gone)."""
+    raw = _task_file(pid, tid, "schedstat", 128)
     try:
-        fd = os.open(f"/proc/{pid}/task/{tid}/schedstat", os.O_RDONLY)
-    except OSError:
+        return -1.0 if raw is None else int(raw.split()[1]) / 1e6
+    except (ValueError, IndexError):
         return -1.0
-    try:
-        return int(os.read(fd, 128).split()[1]) / 1e6
-    except (OSError, ValueError, IndexError):
-        return -1.0
-    finally:
-        os.close(fd)
 
 
 def _role(process: str, pid: int, tid: int, name: str, python: bool, known: dict[int, str]) -> str:
